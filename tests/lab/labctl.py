@@ -186,6 +186,10 @@ class Lab:
     def key(self) -> Path:
         return self.state / "id_ed25519"
 
+    @property
+    def ssh_config(self) -> Path:
+        return self.state / "ssh_config"
+
     def node(self, i: int) -> Node:
         return Node(self, i)
 
@@ -321,7 +325,7 @@ class Lab:
         known.write_text("\n".join(lines) + "\n")
         inv = self.inventory_dir or self.state / "inventory"
         inv.mkdir(parents=True, exist_ok=True)
-        ssh_config = inv / "ssh_config"
+        ssh_config = self.ssh_config  # not in the inventory dir: ansible would try to parse it
         ssh_config.write_text(
             "# Written by tests/lab/labctl.py: lab nodes are reachable only from this machine.\n"
             + "".join(f"Host {nd.name}\n  HostName {nd.ip}\n" for nd in nodes)
@@ -385,7 +389,7 @@ class Lab:
         _rmdir_tree(self.cgroup)
         inv = self.inventory_dir or self.state / "inventory"
         (inv / "hosts.yml").unlink(missing_ok=True)
-        (inv / "ssh_config").unlink(missing_ok=True)
+        self.ssh_config.unlink(missing_ok=True)
 
     # ---- inspection -----------------------------------------------------------------------
     def status(self) -> list[dict]:
@@ -449,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             nodes = lab.up(a.n, wipe_nvme=a.wipe_nvme)
             inv = lab.inventory_dir or lab.state / "inventory"
             print(f"lab {lab.name}: {len(nodes)} nodes up in {time.monotonic() - t0:.1f}s; inventory {inv}/hosts.yml")
+            print(f"  ssh -F {lab.ssh_config} node1")
         elif a.cmd == "down":
             lab.down()
             left = {k: v for k, v in lab.leftovers().items() if v}

@@ -1,0 +1,56 @@
+"""Integration tests run against the lab: real systemd + sshd hosts in network namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.lab import labctl
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_NODES = int(os.environ.get("LLMFLEET_TEST_NODES", "3"))
+
+
+def ansible_env() -> dict:
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_HOME=env.get("ANSIBLE_HOME", "/tmp/llmfleet-ansible/home"),
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_DEPRECATION_WARNINGS="0",
+    )
+    return env
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """A lab of LAB_NODES nodes shared by the integration session; torn down at the end."""
+    if os.geteuid() != 0:
+        pytest.fail("integration tests need root for the lab (network namespaces, mounts, cgroups)")
+    lab = labctl.default_lab()
+    lab.up(LAB_NODES, wipe_nvme=True)
+    yield lab
+    lab.down()
+
+
+def run_ansible(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run an ansible CLI (`ansible`, `ansible-playbook`) from the project root."""
+    env = ansible_env()
+    cp = subprocess.run(list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and cp.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {cp.returncode}\n{cp.stdout[-4000:]}\n{cp.stderr[-4000:]}")
+    return cp
+
+
+def ssh(lab: labctl.Lab, node: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
+    cp = subprocess.run(["ssh", "-F", str(lab.ssh_config), node, command], capture_output=True, text=True, timeout=30)
+    if check and cp.returncode != 0:
+        raise AssertionError(f"ssh {node} {command!r}: exit {cp.returncode}: {cp.stderr}")
+    return cp
+
+

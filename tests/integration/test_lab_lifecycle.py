@@ -1,0 +1,49 @@
+"""Bring-up and teardown are idempotent and leave nothing behind (own lab name and subnet, so
+this runs beside the shared session lab)."""
+
+import pytest
+
+from tests.lab import labctl
+
+
+@pytest.fixture
+def scratch_lab(tmp_path):
+    lab = labctl.Lab(name="lct", subnet="10.78.0", state_root=tmp_path)
+    yield lab
+    lab.down()
+
+
+def test_down_leaves_nothing(scratch_lab):
+    lab = scratch_lab
+    lab.up(2)
+    lab.up(2)  # idempotent
+    left = lab.leftovers()
+    # The detector must see a running lab, otherwise "nothing left" below would prove nothing.
+    assert len(left["netns"]) == 2 and len(left["processes"]) >= 4 and left["cgroups"]
+    assert {"lct-node1", "lct-node2", "lct-br0"} <= set(left["links"])
+    pids = [lab.node(i).systemd_pid() for i in (1, 2)]
+    lab.down()
+    lab.down()  # idempotent
+    assert lab.leftovers() == {"netns": [], "links": [], "processes": [], "cgroups": [], "mounts": []}
+    for pid in pids:
+        assert labctl._proc_state(pid) is None, f"node systemd {pid} still running"
+
+
+def test_shrinking_stops_extra_nodes(scratch_lab):
+    lab = scratch_lab
+    lab.up(3)
+    n3 = lab.node(3).systemd_pid()
+    lab.up(2)
+    assert labctl._proc_state(n3) is None
+    assert lab.leftovers()["netns"] == ["lct-node1", "lct-node2"]
+    assert "lct-node3" not in (lab.state / "hosts").read_text() and "node3" not in (lab.state / "hosts").read_text()
+
+
+def test_stale_pieces_are_cleaned(scratch_lab):
+    """A crashed run can leave a netns/link/cgroup without a node: down removes them anyway."""
+    lab = scratch_lab
+    labctl.run(["ip", "netns", "add", "lct-node7"])
+    lab.cgroup.mkdir(exist_ok=True)
+    (lab.cgroup / "node7").mkdir()
+    lab.down()
+    assert lab.leftovers() == {"netns": [], "links": [], "processes": [], "cgroups": [], "mounts": []}

@@ -1,0 +1,30 @@
+"""playbooks/site.yml end to end on the lab."""
+
+import json
+
+from tests.integration.conftest import LAB_NODES, run_ansible, ssh
+
+
+def test_site_installs_runtime_and_reports(lab, tmp_path):
+    run_ansible("ansible-playbook", "playbooks/site.yml", "-e", f"report_dir={tmp_path}")
+    report = json.loads((tmp_path / "fleet-summary.json").read_text())
+    assert sorted(report["nodes"]) == [f"node{i}" for i in range(1, LAB_NODES + 1)]
+    assert len({n["machine_id"] for n in report["nodes"].values()}) == LAB_NODES
+    md = (tmp_path / "fleet-summary.md").read_text()
+    assert sum(line.startswith("| node") and "| systemd |" in line for line in md.splitlines()) == LAB_NODES
+    # the runtime the base role installed works on a node, as the service account
+    out = ssh(lab, "node2", "setpriv --reuid=llmfleet --regid=llmfleet --init-groups llmfleet node-info --json").stdout
+    assert json.loads(out)["hostname"] == "node2"
+
+
+def test_site_refuses_a_contradictory_inventory(lab, tmp_path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        "all:\n  children:\n    llmfleet_nodes:\n      children:\n"
+        "        head: {hosts: {node1: {ansible_host: 10.77.0.11, llmfleet_fabric_ip: 10.77.0.11}}}\n"
+        "        worker: {hosts: {node2: {ansible_host: 10.77.0.12, llmfleet_fabric_ip: 10.77.0.11}}}\n"
+    )
+    cp = run_ansible("ansible-playbook", "-i", str(inv), "playbooks/site.yml", check=False)
+    assert cp.returncode != 0
+    assert "10.77.0.11 on node1 and node2" in " ".join(cp.stdout.split())
+    assert "Install the llmfleet node runtime" not in cp.stdout  # failed before touching nodes

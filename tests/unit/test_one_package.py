@@ -1,0 +1,46 @@
+"""The package has one source, importable as `llmfleet` and as `ansible.module_utils.llmfleet`."""
+
+import ast
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+import llmfleet
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "module_utils" / "llmfleet"
+# Modules that run only on the ops host and may import third-party packages (lazily).
+OPS_HOST_ONLY = {"cli.py"}
+
+
+def test_llmfleet_is_the_module_utils_tree():
+    assert Path(llmfleet.__file__).resolve() == PKG / "__init__.py"
+
+
+def test_same_source_under_both_names():
+    a = importlib.import_module("llmfleet.nodeinfo")
+    b = importlib.import_module("ansible.module_utils.llmfleet.nodeinfo")
+    assert a is not b  # two module objects ...
+    assert Path(a.__file__).resolve() == Path(b.__file__).resolve()  # ... of one file
+    assert a.meminfo_kib("MemTotal: 42 kB") == b.meminfo_kib("MemTotal: 42 kB") == 42
+
+
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: p.name)
+def test_imports_are_relative_and_node_safe(path):
+    """Absolute self-imports break under the ansible.module_utils name; third-party imports at
+    module level break on nodes (only the stdlib is guaranteed there)."""
+    tree = ast.parse(path.read_text())
+    stdlib = sys.stdlib_module_names | {"__future__"}
+    for node in tree.body:  # module level only: lazy imports inside functions are allowed
+        if isinstance(node, ast.Import):
+            names = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module.split(".")[0]]
+        else:
+            continue
+        for name in names:
+            assert name != "llmfleet", f"{path.name}:{node.lineno}: use a relative import inside the package"
+            if path.name not in OPS_HOST_ONLY:
+                assert name in stdlib, f"{path.name}:{node.lineno}: '{name}' is not stdlib; import it lazily"
