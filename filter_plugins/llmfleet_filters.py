@@ -13,7 +13,9 @@ def llmfleet_duplicates(mapping: Mapping) -> dict:
     Used to name the nodes that share something that must be unique (fabric IP, machine-id).
     """
     if not isinstance(mapping, Mapping):
-        raise AnsibleFilterError(f"llmfleet_duplicates expects a mapping of host -> value, got {type(mapping).__name__}")
+        raise AnsibleFilterError(
+            f"llmfleet_duplicates expects a mapping of host -> value, got {type(mapping).__name__}"
+        )
     seen: dict = {}
     for key, value in mapping.items():
         if value in (None, ""):

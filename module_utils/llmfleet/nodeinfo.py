@@ -69,7 +69,9 @@ def disk(path: str) -> dict[str, Any]:
     }
 
 
-def gather(proc_root: str = "/proc", sys_root: str = "/sys", nvme: str = "/mnt/nvme", shared: str = "/mnt/shared") -> dict[str, Any]:
+def gather(
+    proc_root: str = "/proc", sys_root: str = "/sys", nvme: str = "/mnt/nvme", shared: str = "/mnt/shared"
+) -> dict[str, Any]:
     """One node's identity and capacity, for the summary report and preflight."""
     environ1 = _read(os.path.join(proc_root, "1/environ")).split("\0")
     container = next((e.split("=", 1)[1] for e in environ1 if e.startswith("container=")), "")
@@ -87,6 +89,10 @@ def gather(proc_root: str = "/proc", sys_root: str = "/sys", nvme: str = "/mnt/n
         "mem_total_bytes": meminfo_kib(_read(os.path.join(proc_root, "meminfo"))) * 1024,
         "gpus": nvidia_gpus(sys_root),
         "nvme": disk(nvme),
-        "shared": {"path": shared, "mounted": shared_opts is not None, "read_only": bool(shared_opts and "ro" in shared_opts)},
+        "shared": {
+            "path": shared,
+            "mounted": shared_opts is not None,
+            "read_only": bool(shared_opts and "ro" in shared_opts),
+        },
         "llmfleet_version": __version__,
     }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -41,16 +40,16 @@ def lab():
 def run_ansible(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run an ansible CLI (`ansible`, `ansible-playbook`) from the project root."""
     env = ansible_env()
-    cp = subprocess.run(list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    cp = subprocess.run(list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if check and cp.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {cp.returncode}\n{cp.stdout[-4000:]}\n{cp.stderr[-4000:]}")
     return cp
 
 
 def ssh(lab: labctl.Lab, node: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
-    cp = subprocess.run(["ssh", "-F", str(lab.ssh_config), node, command], capture_output=True, text=True, timeout=30)
+    cp = subprocess.run(
+        ["ssh", "-F", str(lab.ssh_config), node, command], capture_output=True, text=True, timeout=30, check=False
+    )
     if check and cp.returncode != 0:
         raise AssertionError(f"ssh {node} {command!r}: exit {cp.returncode}: {cp.stderr}")
     return cp
-
-

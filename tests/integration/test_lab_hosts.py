@@ -6,8 +6,12 @@ from tests.integration.conftest import LAB_NODES, ssh
 def test_each_node_is_its_own_systemd_host(lab):
     seen = {}
     for i in range(1, LAB_NODES + 1):
-        out = ssh(lab, f"node{i}", "hostname; cat /etc/machine-id; cat /proc/1/comm; systemctl is-system-running; "
-                  "ip -4 -o addr show eth0 | awk '{print $4}'").stdout.split()
+        out = ssh(
+            lab,
+            f"node{i}",
+            "hostname; cat /etc/machine-id; cat /proc/1/comm; systemctl is-system-running; "
+            "ip -4 -o addr show eth0 | awk '{print $4}'",
+        ).stdout.split()
         assert out[0] == f"node{i}"
         assert out[2] == "systemd"
         assert out[3] == "running", f"node{i}: systemd state {out[3]}"
@@ -25,8 +29,8 @@ def test_node_writes_never_reach_the_host(lab, tmp_path):
 
 
 def test_disks_shared_and_project_mounts(lab):
-    probe = "touch /mnt/shared/x 2>&1; touch {p}/x 2>&1; echo n1 > /mnt/nvme/who; cat /proc/sys/kernel/hostname".format(
-        p=lab.project
+    probe = (
+        f"touch /mnt/shared/x 2>&1; touch {lab.project}/x 2>&1; echo n1 > /mnt/nvme/who; cat /proc/sys/kernel/hostname"
     )
     out = ssh(lab, "node1", probe, check=False).stdout
     assert out.count("Read-only file system") == 2, out
@@ -36,8 +40,8 @@ def test_disks_shared_and_project_mounts(lab):
 
 
 def test_nodes_reach_each_other_over_eth0(lab):
-    py = f"import socket; s=socket.create_connection(('node2', 22), 3); print(s.recv(7).decode())"
-    assert ssh(lab, "node1", f"python3 -c \"{py}\"").stdout.strip() == "SSH-2.0"
+    py = "import socket; s=socket.create_connection(('node2', 22), 3); print(s.recv(7).decode())"
+    assert ssh(lab, "node1", f'python3 -c "{py}"').stdout.strip() == "SSH-2.0"
 
 
 def test_project_venv_runs_on_nodes(lab):

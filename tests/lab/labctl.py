@@ -37,6 +37,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup/unified")
 DEFAULT_STATE = Path(os.environ.get("LLMFLEET_LAB_STATE", "/var/tmp/llmfleet-lab"))
 BOOT_TIMEOUT = float(os.environ.get("LLMFLEET_LAB_BOOT_TIMEOUT", "90"))
 STOP_TIMEOUT = 30.0
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class LabError(RuntimeError):
@@ -46,7 +47,7 @@ class LabError(RuntimeError):
 def run(argv: list[str], check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
     if "input" not in kw:
         kw["stdin"] = subprocess.DEVNULL
-    cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kw)
     if check and cp.returncode != 0:
         raise LabError(f"{' '.join(argv)} failed (exit {cp.returncode}): {cp.stderr.strip() or cp.stdout.strip()}")
     return cp
@@ -136,7 +137,9 @@ class Node:
                 continue
         return None
 
-    def nsenter(self, *cmd: str, timeout: float = 30, check: bool = False, input: str | None = None) -> subprocess.CompletedProcess:
+    def nsenter(
+        self, *cmd: str, timeout: float = 30, check: bool = False, input: str | None = None
+    ) -> subprocess.CompletedProcess:
         pid = self.systemd_pid()
         if pid is None:
             raise LabError(f"{self.name} is not running: run `labctl.py up N` first")
@@ -367,7 +370,9 @@ class Lab:
         leftovers = _cgroup_pids(node.cgroup)
         if leftovers:
             # Last resort after the deadline: SIGKILL (never SIGTERM: PID 1 systemd re-executes on it).
-            print(f"warning: {node.name} did not power off in {STOP_TIMEOUT:.0f}s; SIGKILL {leftovers}", file=sys.stderr)
+            print(
+                f"warning: {node.name} did not power off in {STOP_TIMEOUT:.0f}s; SIGKILL {leftovers}", file=sys.stderr
+            )
             for pid in leftovers:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -399,7 +404,9 @@ class Lab:
             state = None
             if spid is not None:
                 state = node.nsenter("systemctl", "is-system-running", timeout=10).stdout.strip() or "starting"
-            out.append({"node": node.name, "ip": node.ip, "systemd_pid": spid, "state": state or "down", "ssh": node.ssh_ok()})
+            out.append(
+                {"node": node.name, "ip": node.ip, "systemd_pid": spid, "state": state or "down", "ssh": node.ssh_ok()}
+            )
         return out
 
     def leftovers(self) -> dict[str, list[str]]:
@@ -429,6 +436,48 @@ def default_lab() -> Lab:
     return Lab(inventory_dir=PROJECT / "inventory" / "lab")
 
 
+def _cmd_up(lab: Lab, a: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    nodes = lab.up(a.n, wipe_nvme=a.wipe_nvme)
+    inv = lab.inventory_dir or lab.state / "inventory"
+    print(f"lab {lab.name}: {len(nodes)} nodes up in {time.monotonic() - t0:.1f}s; inventory {inv}/hosts.yml")
+    print(f"  ssh -F {lab.ssh_config} node1")
+    return 0
+
+
+def _cmd_down(lab: Lab, a: argparse.Namespace) -> int:
+    lab.down()
+    left = {k: v for k, v in lab.leftovers().items() if v}
+    if left:
+        print(f"lab {lab.name}: leftovers after down: {left}", file=sys.stderr)
+        return 1
+    print(f"lab {lab.name}: down, nothing left behind")
+    return 0
+
+
+def _cmd_status(lab: Lab, a: argparse.Namespace) -> int:
+    st = lab.status()
+    if a.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    for s in st:
+        print(f"{s['node']:8} {s['ip']:15} pid={s['systemd_pid']} state={s['state']} ssh={'ok' if s['ssh'] else 'no'}")
+    if not st:
+        print(f"lab {lab.name}: no nodes")
+    return 0
+
+
+def _cmd_shell(lab: Lab, a: argparse.Namespace) -> int:
+    m = re.fullmatch(r"(?:node)?(\d+)", a.node)
+    if not m:
+        raise LabError(f"node {a.node!r}: give nodeN or N")
+    pid = lab.node(int(m.group(1))).systemd_pid()
+    if pid is None:
+        raise LabError(f"{a.node} is not running (labctl.py status)")
+    env = [f"PATH={NODE_PATH}", f"TERM={os.environ.get('TERM', 'xterm')}"]
+    return subprocess.call(["nsenter", "-t", str(pid), "-a", "env", "-i", *env, *(a.command or ["/bin/bash", "-l"])])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="labctl.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", default="lab", help="lab name (prefixes netns/links; default: lab)")
@@ -437,53 +486,23 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="bring nodes 1..N up")
     p_up.add_argument("n", type=int)
     p_up.add_argument("--wipe-nvme", action="store_true", help="empty every node's /mnt/nvme")
-    sub.add_parser("down", help="stop all nodes and remove every trace")
+    p_up.set_defaults(func=_cmd_up)
+    sub.add_parser("down", help="stop all nodes and remove every trace").set_defaults(func=_cmd_down)
     p_st = sub.add_parser("status")
     p_st.add_argument("--json", action="store_true")
+    p_st.set_defaults(func=_cmd_status)
     p_sh = sub.add_parser("shell", help="a shell or command inside a node")
     p_sh.add_argument("node")
     p_sh.add_argument("command", nargs=argparse.REMAINDER)
+    p_sh.set_defaults(func=_cmd_shell)
     a = ap.parse_args(argv)
-    lab = default_lab() if a.name == "lab" else Lab(name=a.name, subnet=a.subnet)
-    if a.name == "lab":
-        lab.subnet = a.subnet
     try:
-        if a.cmd == "up":
-            t0 = time.monotonic()
-            nodes = lab.up(a.n, wipe_nvme=a.wipe_nvme)
-            inv = lab.inventory_dir or lab.state / "inventory"
-            print(f"lab {lab.name}: {len(nodes)} nodes up in {time.monotonic() - t0:.1f}s; inventory {inv}/hosts.yml")
-            print(f"  ssh -F {lab.ssh_config} node1")
-        elif a.cmd == "down":
-            lab.down()
-            left = {k: v for k, v in lab.leftovers().items() if v}
-            if left:
-                print(f"lab {lab.name}: leftovers after down: {left}", file=sys.stderr)
-                return 1
-            print(f"lab {lab.name}: down, nothing left behind")
-        elif a.cmd == "status":
-            st = lab.status()
-            if a.json:
-                print(json.dumps(st, indent=2))
-            else:
-                for s in st:
-                    print(f"{s['node']:8} {s['ip']:15} pid={s['systemd_pid']} state={s['state']} ssh={'ok' if s['ssh'] else 'no'}")
-                if not st:
-                    print(f"lab {lab.name}: no nodes")
-        elif a.cmd == "shell":
-            m = re.fullmatch(r"(?:node)?(\d+)", a.node)
-            if not m:
-                raise LabError(f"node {a.node!r}: give nodeN or N")
-            pid = lab.node(int(m.group(1))).systemd_pid()
-            if pid is None:
-                raise LabError(f"{a.node} is not running (labctl.py status)")
-            cmd = a.command or ["/bin/bash", "-l"]
-            env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM": os.environ.get("TERM", "xterm")}
-            return subprocess.call(["nsenter", "-t", str(pid), "-a", "env", "-i", *[f"{k}={v}" for k, v in env.items()], *cmd])
+        lab = default_lab() if a.name == "lab" else Lab(name=a.name, subnet=a.subnet)
+        lab.subnet = a.subnet
+        return a.func(lab, a)
     except LabError as e:
         print(f"labctl: {e}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ from tests.unit.module_utils import AnsibleExitJson, set_module_args
 
 
 def test_reports_node_and_changes_nothing(module_exits, tmp_path):
-    with set_module_args({"nvme_path": str(tmp_path), "shared_path": "/nonexistent-shared"}), pytest.raises(AnsibleExitJson) as e:
+    with (
+        set_module_args({"nvme_path": str(tmp_path), "shared_path": "/nonexistent-shared"}),
+        pytest.raises(AnsibleExitJson) as e,
+    ):
         llmfleet_node_info.main()
     result = e.value.args[0]
     assert result["changed"] is False

@@ -60,7 +60,9 @@ def test_gather_from_fake_proc(tmp_path):
     (proc / "meminfo").write_text("MemTotal: 2048 kB\n")
     (proc / "sys/kernel/random/boot_id").write_text("b00t\n")
     (proc / "self/mountinfo").write_text(f"40 22 254:0 /x {tmp_path} ro,relatime - ext4 /dev/vda rw\n")
-    info = nodeinfo.gather(proc_root=str(proc), sys_root=str(tmp_path / "sys"), nvme=str(tmp_path), shared=str(tmp_path))
+    info = nodeinfo.gather(
+        proc_root=str(proc), sys_root=str(tmp_path / "sys"), nvme=str(tmp_path), shared=str(tmp_path)
+    )
     assert info["pid1"] == "systemd"
     assert info["container"] == "labnode"
     assert info["boot_id"] == "b00t"
