@@ -17,6 +17,7 @@ stopped with `systemctl poweroff` (SIGKILL only as a last resort after a deadlin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -76,12 +77,23 @@ def _cgroup_pids(cg: Path) -> list[int]:
 
 
 def _rmdir_tree(cg: Path) -> None:
-    """Remove a cgroup directory tree bottom-up (cgroupfs dirs are removed with rmdir only)."""
-    if not cg.is_dir():
-        return
-    for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        d.rmdir()
-    cg.rmdir()
+    """Remove a cgroup directory tree bottom-up (cgroupfs dirs are removed with rmdir only).
+    Directories may vanish underneath us (a node's systemd removes its own while powering off)."""
+    for _ in range(50):
+        if not cg.is_dir():
+            return
+        try:
+            for top, dirs, _files in os.walk(cg, topdown=False):
+                for d in dirs:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rmdir(os.path.join(top, d))
+            cg.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # EBUSY: a process is still leaving the cgroup
+            time.sleep(0.1)
+    raise LabError(f"cannot remove cgroup {cg}: processes {_cgroup_pids(cg)} are still in it")
 
 
 @dataclass
