@@ -65,14 +65,12 @@ def _proc_state(pid: int) -> str | None:
 
 
 def _cgroup_pids(cg: Path) -> list[int]:
+    """Pids in a cgroup tree. Sub-cgroups vanish while a node powers off: tolerate that."""
     pids: list[int] = []
-    if not cg.is_dir():
-        return pids
-    for procs in cg.rglob("cgroup.procs"):
-        try:
-            pids += [int(p) for p in procs.read_text().split()]
-        except OSError:
-            pass
+    for top, _dirs, files in os.walk(cg):  # os.walk ignores directories that disappear
+        if "cgroup.procs" in files:
+            with contextlib.suppress(OSError):
+                pids += [int(p) for p in Path(top, "cgroup.procs").read_text().split()]
     return pids
 
 
