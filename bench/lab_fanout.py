@@ -52,10 +52,10 @@ def measure(n: int, lab: Lab) -> dict:
 def table(rows: list[dict]) -> str:
     ref = rows[0]
     cols = ["up", "ping_cold", "ping_warm", "setup", "down"]
-    out = ["| nodes | " + " | ".join(f"{c} s (×{ref['nodes']})" for c in cols) + " |"]
+    out = ["| nodes | " + " | ".join(f"{c} s (ratio)" for c in cols) + " |"]
     out.append("|---:|" + "---:|" * len(cols))
     for r in rows:
-        out.append(f"| {r['nodes']} | " + " | ".join(f"{r[c]:.2f} (×{r[c] / ref[c]:.2f})" for c in cols) + " |")
+        out.append(f"| {r['nodes']} | " + " | ".join(f"{r[c]:.2f} ({r[c] / ref[c]:.2f}x)" for c in cols) + " |")
     return "\n".join(out)
 
 
@@ -76,8 +76,9 @@ def main() -> int:
         a.out.write_text(
             "# Benchmarks\n\n## Lab bring-up and Ansible fan-out\n\n"
             f"Command: `{cmd} --out docs/bench.md`\n\n"
-            f"Machine: {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}; "
-            f"measured {time.strftime('%Y-%m-%d', time.gmtime())}. Ratios (×) are to the {a.nodes[0]}-node row.\n"
+            f"Machine: {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}; measured {time.strftime('%Y-%m-%d', time.gmtime())}. "
+            f"Ratios are to the {a.nodes[0]}-node row.\n"
             "`up` = `labctl up N` from nothing (netns + systemd + sshd ready); `ping_cold` = first "
             "`ansible -m ping` (new SSH connections); `ping_warm` = second (ControlPersist); `setup` = fact "
             "gathering; `down` = poweroff + cleanup.\n\n" + text + "\n"
