@@ -69,6 +69,7 @@ lab-status: $(VENV)/.installed
 demo: install
 	$(LAB) up $(DEMO_NODES)
 	ansible-playbook playbooks/site.yml
+	@echo; cat reports/fleet-summary.md
 
 bench: install
 	$(PY) bench/lab_fanout.py --nodes 2 4 8 16 --out docs/bench.md

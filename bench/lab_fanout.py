@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+ANSIBLE = str(Path(sys.executable).parent / "ansible")  # the venv's, also when PATH lacks it
 sys.path.insert(0, str(ROOT))
 
 from tests.lab.labctl import Lab  # noqa: E402
@@ -40,9 +41,9 @@ def measure(n: int, lab: Lab) -> dict:
     inv = str(lab.state / "inventory")
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="0")
     base = ["-i", inv, "-e", "ansible_user=root", "-e", "ansible_python_interpreter=/usr/bin/python3"]
-    ping_cold = timed(["ansible", "llmfleet_nodes", *base, "-m", "ansible.builtin.ping"], env)
-    ping_warm = timed(["ansible", "llmfleet_nodes", *base, "-m", "ansible.builtin.ping"], env)
-    setup = timed(["ansible", "llmfleet_nodes", *base, "-m", "ansible.builtin.setup"], env)
+    ping_cold = timed([ANSIBLE, "llmfleet_nodes", *base, "-m", "ansible.builtin.ping"], env)
+    ping_warm = timed([ANSIBLE, "llmfleet_nodes", *base, "-m", "ansible.builtin.ping"], env)
+    setup = timed([ANSIBLE, "llmfleet_nodes", *base, "-m", "ansible.builtin.setup"], env)
     t0 = time.monotonic()
     lab.down()
     down = time.monotonic() - t0
