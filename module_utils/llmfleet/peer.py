@@ -30,14 +30,15 @@ class PeerState:
         self._lock = threading.Lock()
 
     def locate(self, rel: str) -> str | None:
+        """Where a file of the revision is, published or still in the partial dir. Files reach
+        their final name in the partial dir only after verification (and receivers re-verify),
+        and publishing renames the dir, so both places are tried."""
         if rel not in self.names:
             return None
-        pub = os.path.join(self.mdir, self.revision)
-        if read_record(self.mdir, self.revision) and os.path.isdir(pub):
-            return os.path.join(pub, rel)
-        partial = os.path.join(self.mdir, f".partial-{self.revision}")
-        if rel in read_journal(partial):
-            return os.path.join(partial, rel)
+        for d in (os.path.join(self.mdir, self.revision), os.path.join(self.mdir, f".partial-{self.revision}")):
+            path = os.path.join(d, rel)
+            if os.path.isfile(path):
+                return path
         return None
 
     def status(self) -> dict[str, Any]:

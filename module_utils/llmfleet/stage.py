@@ -572,3 +572,42 @@ def _copy_all(todo, partial, journal, progress, threads, *, sources, on_source_p
                 errors.append(str(e))
     if errors:
         raise StageError("; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
+
+
+def resolve_source(source: str, revision: str) -> str:
+    """The directory holding the revision's files: a plain checkpoint dir, a hub-cache repo dir
+    (``models--org--name`` → ``snapshots/<revision>``), or a snapshot dir whose name must match."""
+    check_revision(revision)
+    src = os.path.normpath(source)
+    base = os.path.basename(src)
+    if base.startswith("models--"):
+        snap = os.path.join(src, "snapshots", revision)
+        if not os.path.isdir(snap):
+            have = (
+                sorted(os.listdir(os.path.join(src, "snapshots")))
+                if os.path.isdir(os.path.join(src, "snapshots"))
+                else []
+            )
+            raise StageError(
+                f"{src} has no snapshot {revision} (snapshots: {', '.join(have) or 'none'}): download that revision"
+            )
+        return snap
+    if os.path.basename(os.path.dirname(src)) == "snapshots" and HEX40.match(base) and base != revision:
+        raise StageError(f"{src} is snapshot {base}, not the requested revision {revision}")
+    if not os.path.isdir(src):
+        raise StageError(f"source {src} is not a directory on this node (is the shared storage mounted?)")
+    return src
+
+
+def assign_files(files: list[dict[str, Any]], seeds: list[str]) -> dict[str, str]:
+    """Split the revision's files over the seed nodes by bytes (largest first to the least
+    loaded), so shared storage serves each byte once and the seeds share the reading."""
+    if not seeds:
+        return {}
+    load = {s: 0 for s in seeds}
+    out = {}
+    for e in sorted(files, key=lambda e: (-e["size"], e["path"])):
+        s = min(seeds, key=lambda s: (load[s], seeds.index(s)))
+        out[e["path"]] = s
+        load[s] += e["size"]
+    return out

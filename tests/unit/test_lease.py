@@ -1,0 +1,98 @@
+"""Fleet-wide reader leases: cap, expiry, dead holders, heartbeat, accounting."""
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from llmfleet import lease
+
+
+def test_cap_is_never_exceeded_and_is_reached(tmp_path):
+    def reader(i):
+        lz = lease.Lease(str(tmp_path), cap=2, ttl=30, label=f"r{i}")
+        lz.acquire(timeout=30, poll=0.01)
+        time.sleep(0.05)
+        lz.release()
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    iv = lease.intervals_from_log(str(tmp_path / "readers.log"))
+    assert len(iv) == 6
+    assert lease.max_overlap(iv) == 2
+    assert not any(p.startswith("slot-") for p in os.listdir(tmp_path))  # all released
+
+
+def _slot(path, **info):
+    path.write_text(json.dumps({"host": "other", "pid": 1, "token": "x", "label": "op2", "acquired": 0, **info}))
+
+
+def test_expired_lease_is_taken_over(tmp_path):
+    _slot(tmp_path / "slot-0", expires=time.time() - 5)
+    lz = lease.Lease(str(tmp_path), cap=1, ttl=30)
+    assert lz.try_acquire()
+    assert json.loads((tmp_path / "slot-0").read_text())["token"] == lz.token
+    events = [json.loads(line)["event"] for line in (tmp_path / "readers.log").read_text().splitlines()]
+    assert events == ["expired", "acquire"]
+    lz.release()
+
+
+def test_dead_local_holder_is_taken_over(tmp_path):
+    p = subprocess.Popen(["true"])
+    p.wait()
+    lz = lease.Lease(str(tmp_path), cap=1, ttl=30)
+    _slot(tmp_path / "slot-0", host=lz.host, pid=p.pid, expires=time.time() + 300)
+    assert lz.try_acquire()
+    lz.release()
+
+
+def test_live_holder_blocks_until_deadline_with_a_clear_message(tmp_path):
+    _slot(tmp_path / "slot-0", expires=time.time() + 300)
+    lz = lease.Lease(str(tmp_path), cap=1, ttl=30)
+    with pytest.raises(lease.LeaseTimeout, match=r"cap 1 .* held by other:1 \(op2\)"):
+        lz.acquire(timeout=0.3, poll=0.05)
+
+
+def test_heartbeat_renews_expiry(tmp_path):
+    lz = lease.Lease(str(tmp_path), cap=1, ttl=0.3)
+    lz.acquire(timeout=1)
+    first = json.loads((tmp_path / "slot-0").read_text())["expires"]
+    time.sleep(0.5)
+    assert json.loads((tmp_path / "slot-0").read_text())["expires"] > first
+    other = lease.Lease(str(tmp_path), cap=1, ttl=0.3, host="elsewhere")
+    assert not other.try_acquire()  # renewed, so not stale
+    lz.release()
+    assert other.try_acquire()
+    other.release()
+
+
+def test_shared_lease_counts_a_node_once(tmp_path):
+    shared = lease.SharedLease(lease.Lease(str(tmp_path), cap=1, ttl=30), timeout=5)
+    inside = []
+
+    def worker():
+        with shared():
+            inside.append(sum(1 for p in os.listdir(tmp_path) if p.startswith("slot-")))
+            time.sleep(0.05)
+
+    ts = [threading.Thread(target=worker) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert inside == [1, 1, 1, 1]
+    assert len(shared.intervals) >= 1 and not os.path.exists(tmp_path / "slot-0")
+
+
+@pytest.mark.parametrize(
+    ("intervals", "expected"),
+    [([], 0), ([(0, 1)], 1), ([(0, 1), (1, 2)], 1), ([(0, 2), (1, 3), (1.5, 4)], 3), ([(0, 5), (1, 2), (3, 4)], 2)],
+)
+def test_max_overlap(intervals, expected):
+    assert lease.max_overlap(intervals) == expected
