@@ -154,7 +154,38 @@ def _still_valid(path: str, entry: dict[str, Any], want: dict[str, Any]) -> bool
 # ---- copying --------------------------------------------------------------------------------------
 
 
-def copy_stream(src: BinaryIO, dst_path: str, want: dict[str, Any], progress: Progress | None, from_peer: bool) -> str:
+class RateLimit:
+    """Bytes per second shared by all copy threads of a node (0 = unlimited): protects shared
+    storage and the fabric from one staging run."""
+
+    def __init__(self, bytes_per_s: int) -> None:
+        self.rate = bytes_per_s
+        self.t0 = time.monotonic()
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        with self._lock:
+            self.sent += n
+            ahead = self.sent / self.rate - (time.monotonic() - self.t0)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+UNLIMITED = RateLimit(0)
+
+
+def copy_stream(
+    src: BinaryIO,
+    dst_path: str,
+    want: dict[str, Any],
+    progress: Progress | None,
+    *,
+    from_peer: bool,
+    limit: RateLimit = UNLIMITED,
+) -> str:
     """Copy src to dst_path hashing in the same pass; fsync; return the sha256 hex."""
     h = hashlib.sha256()
     buf = bytearray(CHUNK)
@@ -173,6 +204,7 @@ def copy_stream(src: BinaryIO, dst_path: str, want: dict[str, Any], progress: Pr
             n_total += n
             if progress:
                 progress.add(n, from_peer)
+            limit.take(n)
             if n_total > want["size"]:
                 break  # longer than the manifest says: stop reading, fail below
         os.fsync(fd)
@@ -220,7 +252,14 @@ class PeerSource:
 
 
 def fetch_file(
-    source: Any, rel: str, partial: str, want: dict[str, Any], journal: Journal, *, progress: Progress | None = None
+    source: Any,
+    rel: str,
+    partial: str,
+    want: dict[str, Any],
+    journal: Journal,
+    *,
+    progress: Progress | None = None,
+    limit: RateLimit = UNLIMITED,
 ) -> None:
     """Copy one file into the partial dir, verify it against the manifest, journal it."""
     final = os.path.join(partial, rel)
@@ -228,7 +267,7 @@ def fetch_file(
     tmp = final + ".llmfleet-part"
     try:
         with source.open(rel) as src:
-            got = copy_stream(src, tmp, want, progress, source.from_peer)
+            got = copy_stream(src, tmp, want, progress, from_peer=source.from_peer, limit=limit)
     except OSError as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # on ENOSPC this frees the space the failed copy took
@@ -284,7 +323,9 @@ def published_ok(mdir: str, revision: str, manifest: dict[str, Any], deep: bool)
         except FileNotFoundError:
             bad.append(rel)
             continue
-        same = e is not None and e.get("sha256") == want["sha256"] and e.get("mtime_ns") == st.st_mtime_ns
+        # A sizes-only plan manifest (check mode before any manifest exists) has no sha256 to compare.
+        same_hash = not want["sha256"] or (e is not None and e.get("sha256") == want["sha256"])
+        same = e is not None and same_hash and e.get("mtime_ns") == st.st_mtime_ns
         if not same or st.st_size != want["size"]:
             bad.append(rel)
         elif deep:
@@ -428,6 +469,7 @@ class StageRequest:
     activate: bool = True
     check_mode: bool = False
     progress_path: str | None = None
+    rate_limit_bytes_per_s: int = 0
 
 
 def plan(req: StageRequest) -> dict[str, Any]:
@@ -523,7 +565,16 @@ def stage(
     progress.flush(force=True)
     journal = Journal(partial)
     try:
-        _copy_all(p["todo"], partial, journal, progress, req.threads, sources=sources, on_source_phase=on_source_phase)
+        _copy_all(
+            p["todo"],
+            partial,
+            journal,
+            progress,
+            req.threads,
+            sources=sources,
+            on_source_phase=on_source_phase,
+            limit=RateLimit(req.rate_limit_bytes_per_s),
+        )
     finally:
         journal.close()
         progress.phase = "verifying"
@@ -543,7 +594,7 @@ def stage(
     return result
 
 
-def _copy_all(todo, partial, journal, progress, threads, *, sources, on_source_phase) -> None:
+def _copy_all(todo, partial, journal, progress, threads, *, sources, on_source_phase, limit) -> None:
     errors: list[str] = []
 
     def one(want: dict[str, Any]) -> None:
@@ -552,9 +603,9 @@ def _copy_all(todo, partial, journal, progress, threads, *, sources, on_source_p
             try:
                 if not src.from_peer and on_source_phase:
                     with on_source_phase():
-                        fetch_file(src, want["path"], partial, want, journal, progress=progress)
+                        fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit)
                 else:
-                    fetch_file(src, want["path"], partial, want, journal, progress=progress)
+                    fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit)
                 return
             except StageError as e:
                 last = e
@@ -611,3 +662,76 @@ def assign_files(files: list[dict[str, Any]], seeds: list[str]) -> dict[str, str
         out[e["path"]] = s
         load[s] += e["size"]
     return out
+
+
+SHIPPED_MANIFEST = ".llmfleet-manifest.json"
+
+
+def manifest_cache_path(cache_dir: str, model: str, revision: str) -> str:
+    return os.path.join(cache_dir, "manifests", model, f"{revision}.json")
+
+
+def sizes_match(src: str, manifest: dict[str, Any]) -> list[str]:
+    """Files whose size on the source differs from the manifest (a revision must be immutable)."""
+    bad = []
+    for e in manifest["files"]:
+        try:
+            if os.path.getsize(os.path.join(src, e["path"])) != e["size"]:
+                bad.append(e["path"])
+        except OSError:
+            bad.append(e["path"])
+    return bad
+
+
+def obtain_manifest(
+    src: str,
+    model: str,
+    revision: str,
+    cache_dir: str,
+    *,
+    build: Callable[[], dict[str, Any]],
+    check_mode: bool = False,
+) -> dict[str, Any]:
+    """The revision's manifest: from the cache next to the source, shipped with the source, or
+    built (``build()`` reads every file once; the caller holds a reader lease). Cached atomically."""
+    from .checkpoint import load_manifest
+
+    cache = manifest_cache_path(cache_dir, model, revision)
+    found = [
+        (o, p) for o, p in (("cache", cache), ("shipped", os.path.join(src, SHIPPED_MANIFEST))) if os.path.isfile(p)
+    ]
+    if found:
+        origin, path = found[0]
+        try:
+            manifest = load_manifest(path)
+        except (OSError, ValueError) as e:
+            raise StageError(f"{path}: {e}; delete it so the manifest is rebuilt") from None
+    elif check_mode:
+        return {"origin": "would build", "path": cache, "manifest": None}
+    else:
+        origin, manifest = "built", build()
+    if manifest.get("revision") not in (None, revision):
+        raise StageError(f"manifest {cache} is for revision {manifest.get('revision')}, not {revision}")
+    manifest["revision"] = revision
+    changed_files = sizes_match(src, manifest)
+    if changed_files:
+        raise StageError(
+            f"source {src} no longer matches the manifest of {revision} ({', '.join(changed_files[:5])}): a pinned "
+            "revision must not change on shared storage; restore it or delete the cached manifest "
+            f"{cache} if the change is intended"
+        )
+    if origin != "cache" and not check_mode:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        tmp = f"{cache}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(manifest, f)
+        os.replace(tmp, cache)
+    return {"origin": origin, "path": cache, "manifest": manifest}
+
+
+def stat_manifest(src: str) -> dict[str, Any]:
+    """Sizes only (no hashing): what check mode uses to predict bytes before a manifest exists."""
+    from .checkpoint import list_files
+
+    files = [{"path": p, "size": os.path.getsize(os.path.join(src, p)), "sha256": ""} for p in list_files(src)]
+    return {"files": files, "total_bytes": sum(e["size"] for e in files), "revision": None}

@@ -196,6 +196,11 @@ class Lab:
         return self.state / "shared"
 
     @property
+    def shared_rw(self) -> Path:
+        """The writable area of the shared storage (leases, manifest cache): /mnt/shared-rw."""
+        return self.state / "shared-rw"
+
+    @property
     def key(self) -> Path:
         return self.state / "id_ed25519"
 
@@ -230,6 +235,7 @@ class Lab:
     def _ensure_common(self, n: int) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
         self.shared.mkdir(exist_ok=True)
+        self.shared_rw.mkdir(exist_ok=True)
         self.cgroup.mkdir(exist_ok=True)
         if not self.key.exists():
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"llmfleet-{self.name}", "-f", str(self.key)])
@@ -309,6 +315,9 @@ class Lab:
         if wipe_nvme:
             for node in wanted:
                 self.wipe_nvme(node)
+            # the shared storage's writable area holds leases and manifest caches of earlier runs
+            for p in self.shared_rw.iterdir():
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         for node in to_start:
             self._start(node)
         deadline = time.monotonic() + BOOT_TIMEOUT
@@ -477,6 +486,18 @@ def _cmd_status(lab: Lab, a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_info(lab: Lab, a: argparse.Namespace) -> int:
+    print(json.dumps({
+        "name": lab.name,
+        "state": str(lab.state),
+        "shared": str(lab.shared),
+        "shared_rw": str(lab.shared_rw),
+        "ssh_config": str(lab.ssh_config),
+        "inventory": str((lab.inventory_dir or lab.state / "inventory") / "hosts.yml"),
+    }, indent=2))  # fmt: skip
+    return 0
+
+
 def _cmd_shell(lab: Lab, a: argparse.Namespace) -> int:
     m = re.fullmatch(r"(?:node)?(\d+)", a.node)
     if not m:
@@ -495,12 +516,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="bring nodes 1..N up")
     p_up.add_argument("n", type=int)
-    p_up.add_argument("--wipe-nvme", action="store_true", help="empty every node's /mnt/nvme")
+    p_up.add_argument("--wipe-nvme", action="store_true", help="empty every node's /mnt/nvme and /mnt/shared-rw")
     p_up.set_defaults(func=_cmd_up)
     sub.add_parser("down", help="stop all nodes and remove every trace").set_defaults(func=_cmd_down)
     p_st = sub.add_parser("status")
     p_st.add_argument("--json", action="store_true")
     p_st.set_defaults(func=_cmd_status)
+    sub.add_parser("info", help="paths of the lab (state, shared storage, ssh config) as JSON").set_defaults(
+        func=_cmd_info
+    )
     p_sh = sub.add_parser("shell", help="a shell or command inside a node")
     p_sh.add_argument("node")
     p_sh.add_argument("command", nargs=argparse.REMAINDER)

@@ -5,6 +5,8 @@
 # so the host never sees (or has to clean up) any of it.
 #
 # usage: node-init.sh NODE_DIR HOSTNAME SHARED_DIR PROJECT_DIR
+# SHARED_DIR is mounted read-only at /mnt/shared (the model source) and SHARED_DIR-rw read-write at
+# /mnt/shared-rw (the writable area of the same storage: reader leases, manifest cache).
 set -euo pipefail
 
 node_dir=$1 host=$2 shared=$3 project=$4
@@ -51,10 +53,11 @@ touch "$node_dir/console.log" "$R/dev/console"
 mount --bind "$node_dir/console.log" "$R/dev/console"
 
 # Node "disks": private NVMe, shared storage read-only, the project (and its venv) read-only.
-mkdir -p "$R/mnt/nvme" "$R/mnt/shared" "$R$project"
+mkdir -p "$R/mnt/nvme" "$R/mnt/shared" "$R/mnt/shared-rw" "$R$project"
 mount --bind "$node_dir/nvme" "$R/mnt/nvme"
 mount --bind "$shared" "$R/mnt/shared"
 mount -o remount,bind,ro "$R/mnt/shared"
+mount --bind "${shared}-rw" "$R/mnt/shared-rw"
 mount --bind "$project" "$R$project"
 mount -o remount,bind,ro "$R$project"
 

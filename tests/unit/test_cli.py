@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,5 +36,6 @@ def test_node_info_json(capsys, tmp_path):
 def test_console_script_and_module_entry_points():
     out = subprocess.run([sys.executable, "-m", "llmfleet", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"llmfleet {__version__}"
-    exe = subprocess.run(["llmfleet", "--version"], capture_output=True, text=True, check=True)
+    script = Path(sys.executable).parent / "llmfleet"  # the console script pip installed
+    exe = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True)
     assert exe.stdout == out.stdout

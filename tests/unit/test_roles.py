@@ -17,11 +17,17 @@ def test_there_are_roles():
 def test_argument_specs_match_defaults(role):
     defaults = yaml.safe_load((role / "defaults/main.yml").read_text()) or {}
     spec = yaml.safe_load((role / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
-    assert set(spec) == set(defaults), f"{role.name}: options and defaults differ: {set(spec) ^ set(defaults)}"
+    optional = {k for k, o in spec.items() if not o.get("required")}
+    assert optional == set(defaults), f"{role.name}: options and defaults differ: {optional ^ set(defaults)}"
     for name, opt in spec.items():
         assert name.startswith(role.name + "_"), f"{role.name}: variable {name} lacks the role prefix"
         assert opt.get("description"), f"{role.name}: {name} has no description"
-        assert opt.get("default") == defaults[name], f"{role.name}: {name} default differs between spec and defaults"
+        if opt.get("required"):
+            assert "default" not in opt, f"{role.name}: required {name} must not have a default"
+        else:
+            assert opt.get("default") == defaults[name], (
+                f"{role.name}: {name} default differs between spec and defaults"
+            )
 
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)

@@ -1,0 +1,86 @@
+"""Action plugin: wait for an async model_stage job, printing each node's progress as it runs
+(bytes done / total, rate, source vs peer bytes) instead of one line at the end."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+
+DOCUMENTATION = r"""
+---
+module: model_stage_wait
+short_description: Wait for an async model_stage job and show its progress
+options:
+  jid: {description: The async job id of model_stage., type: str, required: true}
+  progress_path: {description: The job's progress JSON on the node., type: path, required: true}
+  timeout: {description: Seconds before giving up (partial work is kept for a rerun)., type: int, default: 21600}
+  interval: {description: Seconds between progress lines., type: float, default: 5}
+"""
+
+GiB = 1024**3
+
+
+def progress_line(host: str, p: dict) -> str:
+    total, done = p.get("total_bytes", 0), p.get("done_bytes", 0)
+    pct = 100.0 * done / total if total else 100.0
+    return (
+        f"{host}: {p.get('phase', '?')} {done / GiB:.2f}/{total / GiB:.2f} GiB ({pct:.0f}%) "
+        f"at {p.get('rate_bytes_per_s', 0) / 2**20:.0f} MiB/s; from shared storage "
+        f"{p.get('source_bytes_read', 0) / GiB:.2f} GiB, from peers {p.get('peer_bytes_read', 0) / GiB:.2f} GiB"
+    )
+
+
+class ActionModule(ActionBase):
+    _requires_connection = True
+
+    def run(self, tmp=None, task_vars=None):
+        super().run(tmp, task_vars)
+        _, args = self.validate_argument_spec(
+            argument_spec={
+                "jid": {"type": "str", "required": True},
+                "progress_path": {"type": "path", "required": True},
+                "timeout": {"type": "int", "default": 21600},
+                "interval": {"type": "float", "default": 5},
+            }
+        )
+        host = task_vars.get("inventory_hostname", "?")
+        async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
+        deadline = time.monotonic() + args["timeout"]
+        last = None
+        while True:
+            st = self._execute_module(
+                module_name="ansible.legacy.async_status",
+                module_args={"jid": args["jid"], "mode": "status", "_async_dir": async_dir},
+                task_vars=task_vars,
+            )
+            if st.get("finished"):
+                self._execute_module(
+                    module_name="ansible.legacy.async_status",
+                    module_args={"jid": args["jid"], "mode": "cleanup", "_async_dir": async_dir},
+                    task_vars=task_vars,
+                )
+                for k in ("ansible_job_id", "results_file", "started", "finished", "erased"):
+                    st.pop(k, None)
+                return st
+            got = self._execute_module(
+                module_name="ansible.legacy.slurp", module_args={"src": args["progress_path"]}, task_vars=task_vars
+            )
+            if not got.get("failed") and got.get("content"):
+                try:
+                    last = json.loads(base64.b64decode(got["content"]))
+                    display.display(progress_line(host, last))
+                except ValueError:
+                    pass
+            if time.monotonic() > deadline:
+                raise AnsibleActionFail(
+                    f"{host}: staging still running after {args['timeout']} s (last progress: "
+                    f"{progress_line(host, last) if last else 'none'}); verified files are kept, rerun to resume"
+                )
+            time.sleep(args["interval"])

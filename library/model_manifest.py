@@ -1,0 +1,104 @@
+#!/usr/bin/python
+"""Ansible module: the manifest (size + sha256 per file) of a pinned model revision."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_manifest
+short_description: Build or reuse the manifest of a pinned model revision on shared storage
+description:
+  - Resolves the revision's directory (plain checkpoint dir, hub-cache C(models--org--name) dir, or a
+    C(snapshots/<rev>) dir), then reuses the cached manifest (C(<cache_dir>/manifests/<model>/<rev>.json)),
+    or the one shipped with the source (C(.llmfleet-manifest.json)), or builds it by reading every file once
+    while holding a fleet-wide shared-storage reader lease, and caches it.
+  - Refuses a cached manifest whose sizes no longer match the source (a pinned revision must not change).
+  - Check mode never reads file contents.
+options:
+  source: {description: Model directory on shared storage., type: path, required: true}
+  model: {description: Model name (directory name under the staging root)., type: str, required: true}
+  revision: {description: 40-hex commit of the revision., type: str, required: true}
+  cache_dir: {description: Writable directory on the shared storage for manifests., type: path, required: true}
+  lease_dir: {description: Writable directory on the shared storage for reader leases., type: path, required: true}
+  max_source_readers: {description: Fleet-wide cap of nodes reading shared storage at once., type: int, default: 2}
+  lease_timeout: {description: Seconds to wait for a reader slot., type: float, default: 3600}
+  threads: {description: Files hashed in parallel., type: int, default: 4}
+author: llmfleet developers
+"""
+
+EXAMPLES = r"""
+- name: Manifest of the revision
+  model_manifest:
+    source: /mnt/shared/models--Qwen--Qwen3.8
+    model: qwen3.8
+    revision: d2dc35658bcf77e66643428cb52e774cc3b5bd29
+    cache_dir: /mnt/shared/.llmfleet
+    lease_dir: /mnt/shared/.llmfleet/leases
+  run_once: true
+"""
+
+RETURN = r"""
+manifest_path: {description: Cached manifest file., returned: success, type: str}
+source_dir: {description: Resolved directory holding the revision's files., returned: success, type: str}
+origin: {description: "cache, shipped, built, or 'would build' (check mode).", returned: success, type: str}
+files: {description: Number of files in the revision., returned: success, type: int}
+total_bytes: {description: Bytes in the revision., returned: success, type: int}
+"""
+
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet.checkpoint import build_manifest
+from ansible.module_utils.llmfleet.lease import Lease, LeaseTimeout
+from ansible.module_utils.llmfleet.stage import StageError, obtain_manifest, resolve_source, stat_manifest
+
+
+def build_module() -> AnsibleModule:
+    return AnsibleModule(
+        argument_spec={
+            "source": {"type": "path", "required": True},
+            "model": {"type": "str", "required": True},
+            "revision": {"type": "str", "required": True},
+            "cache_dir": {"type": "path", "required": True},
+            "lease_dir": {"type": "path", "required": True},
+            "max_source_readers": {"type": "int", "default": 2},
+            "lease_timeout": {"type": "float", "default": 3600},
+            "threads": {"type": "int", "default": 4},
+        },
+        supports_check_mode=True,
+    )
+
+
+def run(module: AnsibleModule) -> None:
+    p = module.params
+    try:
+        src = resolve_source(p["source"], p["revision"])
+
+        def build():
+            lease = Lease(p["lease_dir"], p["max_source_readers"], host=socket.gethostname(), label="manifest")
+            lease.acquire(p["lease_timeout"])
+            try:
+                return build_manifest(src, threads=p["threads"], revision=p["revision"])
+            finally:
+                lease.release()
+
+        got = obtain_manifest(src, p["model"], p["revision"], p["cache_dir"], build=build, check_mode=module.check_mode)
+    except (StageError, LeaseTimeout, OSError) as e:
+        module.fail_json(msg=f"{socket.gethostname()}: manifest of {p['model']}@{p['revision']}: {e}")
+    manifest = got["manifest"] or stat_manifest(src)
+    module.exit_json(
+        changed=got["origin"] in ("built", "shipped", "would build"),
+        manifest_path=got["path"],
+        source_dir=src,
+        origin=got["origin"],
+        files=len(manifest["files"]),
+        total_bytes=manifest["total_bytes"],
+    )
+
+
+def main() -> None:
+    run(build_module())
+
+
+if __name__ == "__main__":
+    main()

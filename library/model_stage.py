@@ -1,0 +1,173 @@
+#!/usr/bin/python
+"""Ansible module: stage a pinned model revision onto this node's NVMe (one node of a fleet)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_stage
+short_description: Stage a pinned model revision to node-local NVMe, verified and atomic
+description:
+  - Copies the files of one revision into C(<root>/<model>/.partial-<rev>/), hashing each file in the same
+    pass and comparing it with the manifest, fsyncs, checks the checkpoint structure, then publishes
+    C(<root>/<model>/<rev>/) read-only by rename and switches C(<root>/<model>/current) atomically.
+  - Seed nodes read their share of the files from shared storage while holding a fleet-wide reader lease
+    (at most I(max_source_readers) nodes at once, across playbook runs); every node serves its verified
+    files to peers over HTTP on I(serve_bind):I(serve_port) and fetches the rest from peers, verifying each.
+  - A rerun keeps verified files (resume); a published revision is checked by size + mtime (or sha256 with
+    I(deep_verify)) and copies nothing. Writes progress JSON to I(progress_path) while running.
+  - Check mode reports files and bytes that would be copied and touches nothing.
+options:
+  source: {description: Directory of the revision on shared storage (resolved like model_manifest)., type: path, required: true}
+  manifest_path: {description: Manifest from model_manifest (not needed in check mode)., type: path}
+  root: {description: Staging root on the node-local NVMe., type: path, default: /mnt/nvme/models}
+  model: {description: Model name (directory under root)., type: str, required: true}
+  revision: {description: 40-hex commit of the revision., type: str, required: true}
+  threads: {description: Concurrent file copies (and source reads) on this node., type: int, default: 4}
+  keep: {description: Published revisions to keep (GC never removes current or one in use)., type: int, default: 2}
+  free_space_margin_bytes: {description: Free space to leave on the NVMe beyond the revision., type: int, default: 0}
+  deep_verify: {description: Re-hash a published revision instead of trusting size + mtime., type: bool, default: false}
+  activate: {description: Point current at this revision., type: bool, default: true}
+  lease_dir: {description: Writable shared directory for reader leases., type: path, required: true}
+  max_source_readers: {description: Fleet-wide cap of nodes reading shared storage at once., type: int, default: 2}
+  lease_ttl: {description: Seconds a lease lives without renewal., type: float, default: 120}
+  lease_timeout: {description: Seconds to wait for a reader slot., type: float, default: 3600}
+  me: {description: This node's inventory name., type: str, required: true}
+  peers: {description: Inventory name -> http://fabric-ip:port of every node staging in this run., type: dict, default: {}}
+  seeds: {description: Nodes that read from shared storage in this run (files split among them)., type: list, elements: str, default: []}
+  serve_bind: {description: Address the peer server binds (the fabric IP)., type: str, default: 0.0.0.0}
+  serve_port: {description: Peer server port (0 = do not serve)., type: int, default: 0}
+  peer_wait: {description: Seconds to wait for a peer to have a file before reading the source., type: float, default: 3600}
+  peer_dead_after: {description: Seconds without an answer after which a peer is considered gone., type: float, default: 60}
+  finish_wait: {description: Seconds to keep serving peers after this node is done., type: float, default: 600}
+  progress_path: {description: JSON progress file written while copying., type: path}
+  rate_limit_bytes_per_s: {description: Cap on this node's copy rate (0 = unlimited)., type: int, default: 0}
+author: llmfleet developers
+"""
+
+EXAMPLES = r"""
+- name: Stage the revision
+  model_stage:
+    source: /mnt/shared/models--Qwen--Qwen3.8
+    manifest_path: /mnt/shared/.llmfleet/manifests/qwen3.8/d2dc35658bcf77e66643428cb52e774cc3b5bd29.json
+    model: qwen3.8
+    revision: d2dc35658bcf77e66643428cb52e774cc3b5bd29
+    lease_dir: /mnt/shared/.llmfleet/leases
+    me: "{{ inventory_hostname }}"
+"""
+
+RETURN = r"""
+path: {description: Published revision directory., returned: success, type: str}
+bytes_copied: {description: Bytes written on this node., returned: success, type: int}
+bytes_to_copy: {description: Bytes that had to be copied at start (check mode - would be copied)., returned: always, type: int}
+source_bytes_read: {description: Bytes this node read from shared storage., returned: success, type: int}
+peer_bytes_read: {description: Bytes this node fetched from peers., returned: success, type: int}
+served_bytes: {description: Bytes this node served to peers., returned: success, type: int}
+reader_intervals: {description: (start, end) epoch seconds of this node's shared-storage reading., returned: success, type: list}
+"""
+
+import os
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet.checkpoint import load_manifest
+from ansible.module_utils.llmfleet.lease import LeaseTimeout
+from ansible.module_utils.llmfleet.stage import StageError, StageRequest, plan, resolve_source, stat_manifest
+from ansible.module_utils.llmfleet.swarm import SwarmConfig, run_node
+
+
+def build_module() -> AnsibleModule:
+    return AnsibleModule(
+        argument_spec={
+            "source": {"type": "path", "required": True},
+            "manifest_path": {"type": "path"},
+            "root": {"type": "path", "default": "/mnt/nvme/models"},
+            "model": {"type": "str", "required": True},
+            "revision": {"type": "str", "required": True},
+            "threads": {"type": "int", "default": 4},
+            "keep": {"type": "int", "default": 2},
+            "free_space_margin_bytes": {"type": "int", "default": 0},
+            "deep_verify": {"type": "bool", "default": False},
+            "activate": {"type": "bool", "default": True},
+            "lease_dir": {"type": "path", "required": True},
+            "max_source_readers": {"type": "int", "default": 2},
+            "lease_ttl": {"type": "float", "default": 120},
+            "lease_timeout": {"type": "float", "default": 3600},
+            "me": {"type": "str", "required": True},
+            "peers": {"type": "dict", "default": {}},
+            "seeds": {"type": "list", "elements": "str", "default": []},
+            "serve_bind": {"type": "str", "default": "0.0.0.0"},  # noqa: S104 (documented; the role passes the fabric IP)
+            "serve_port": {"type": "int", "default": 0},
+            "peer_wait": {"type": "float", "default": 3600},
+            "peer_dead_after": {"type": "float", "default": 60},
+            "finish_wait": {"type": "float", "default": 600},
+            "progress_path": {"type": "path"},
+            "rate_limit_bytes_per_s": {"type": "int", "default": 0},
+        },
+        supports_check_mode=True,
+    )
+
+
+def run(module: AnsibleModule) -> None:
+    p = module.params
+    host = socket.gethostname()
+    try:
+        src = resolve_source(p["source"], p["revision"])
+        if p["manifest_path"] and os.path.isfile(p["manifest_path"]):
+            manifest = load_manifest(p["manifest_path"])
+        elif module.check_mode:
+            manifest = stat_manifest(src)
+        else:
+            module.fail_json(msg=f"{host}: manifest_path {p['manifest_path']!r} missing: run model_manifest first")
+        req = StageRequest(
+            root=p["root"],
+            model=p["model"],
+            revision=p["revision"],
+            manifest=manifest,
+            threads=p["threads"],
+            margin_bytes=p["free_space_margin_bytes"],
+            keep=p["keep"],
+            deep_verify=p["deep_verify"],
+            activate=p["activate"],
+            check_mode=module.check_mode,
+            progress_path=p["progress_path"],
+            rate_limit_bytes_per_s=p["rate_limit_bytes_per_s"],
+        )
+        if module.check_mode:
+            pl = plan(req)
+            module.exit_json(
+                changed=bool(pl["todo"]),
+                state=pl["state"],
+                bytes_to_copy=sum(e["size"] for e in pl["todo"]),
+                files_to_copy=len(pl["todo"]),
+                total_bytes=pl["total_bytes"],
+            )
+        if p["progress_path"]:
+            os.makedirs(os.path.dirname(p["progress_path"]), exist_ok=True)
+        cfg = SwarmConfig(
+            me=p["me"],
+            source_dir=src,
+            lease_dir=p["lease_dir"],
+            max_source_readers=p["max_source_readers"],
+            peers=p["peers"],
+            seeds=p["seeds"],
+            serve_bind=p["serve_bind"],
+            serve_port=p["serve_port"],
+            lease_ttl=p["lease_ttl"],
+            lease_timeout=p["lease_timeout"],
+            peer_wait=p["peer_wait"],
+            peer_dead_after=p["peer_dead_after"],
+            finish_wait=p["finish_wait"],
+        )
+        result = run_node(req, cfg)
+    except (StageError, LeaseTimeout, OSError) as e:
+        module.fail_json(msg=f"{host} ({p['me']}): staging {p['model']}@{p['revision']} failed: {e}")
+    module.exit_json(**result)
+
+
+def main() -> None:
+    run(build_module())
+
+
+if __name__ == "__main__":
+    main()
