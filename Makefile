@@ -68,6 +68,7 @@ lab-status: $(VENV)/.installed
 
 demo: install
 	$(LAB) up $(DEMO_NODES)
+	$(PY) tests/lab/demo_model.py
 	ansible-playbook playbooks/site.yml
 	@echo; cat reports/fleet-summary.md
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.lab import labctl
+from tests.lab import demo_model, labctl
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_NODES = int(os.environ.get("LLMFLEET_TEST_NODES", "3"))
@@ -16,6 +17,7 @@ LAB_NODES = int(os.environ.get("LLMFLEET_TEST_NODES", "3"))
 
 def ansible_env() -> dict:
     env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the venv's ansible
     env.update(
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
         ANSIBLE_HOME=env.get("ANSIBLE_HOME", "/tmp/llmfleet-ansible/home"),
@@ -33,6 +35,7 @@ def lab():
         pytest.fail("integration tests need root for the lab (network namespaces, mounts, cgroups)")
     lab = labctl.default_lab()
     lab.up(LAB_NODES, wipe_nvme=True)
+    demo_model.ensure(lab.shared)  # site.yml stages it (inventory/lab/group_vars)
     yield lab
     lab.down()
 

@@ -6,15 +6,26 @@ from tests.integration.conftest import LAB_NODES, run_ansible, ssh
 
 
 def test_site_installs_runtime_and_reports(lab, tmp_path):
-    run_ansible("ansible-playbook", "playbooks/site.yml", "-e", f"report_dir={tmp_path}")
+    run_ansible(
+        "ansible-playbook", "playbooks/site.yml", "-e", f"report_dir={tmp_path} model_stage_report_dir={tmp_path}"
+    )
     report = json.loads((tmp_path / "fleet-summary.json").read_text())
     assert sorted(report["nodes"]) == [f"node{i}" for i in range(1, LAB_NODES + 1)]
     assert len({n["machine_id"] for n in report["nodes"].values()}) == LAB_NODES
     md = (tmp_path / "fleet-summary.md").read_text()
     assert sum(line.startswith("| node") and "| systemd |" in line for line in md.splitlines()) == LAB_NODES
+    # the demo model was staged on every node, reading shared storage once for the fleet
+    stage = json.loads((tmp_path / "stage-demo-model.json").read_text())["nodes"]
+    assert sorted(stage) == sorted(report["nodes"])
+    total = stage["node1"]["total_bytes"]
+    assert sum(r["source_bytes_read"] for r in stage.values()) == total
+    assert all(r["bytes_copied"] == total for r in stage.values())
     # the runtime the base role installed works on a node, as the service account
     out = ssh(lab, "node2", "setpriv --reuid=llmfleet --regid=llmfleet --init-groups llmfleet node-info --json").stdout
     assert json.loads(out)["hostname"] == "node2"
+    # and the staged revision verifies with it
+    rev = stage["node2"]["revision"]
+    assert ssh(lab, "node2", f"llmfleet checkpoint verify /mnt/nvme/models/demo-model/{rev}").returncode == 0
 
 
 def test_site_refuses_a_contradictory_inventory(lab, tmp_path):
