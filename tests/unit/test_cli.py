@@ -39,3 +39,39 @@ def test_console_script_and_module_entry_points():
     script = Path(sys.executable).parent / "llmfleet"  # the console script pip installed
     exe = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True)
     assert exe.stdout == out.stdout
+
+
+def test_stage_cli_with_progress(tmp_path):
+    from tests.helpers.ckpt import make_checkpoint
+
+    src = make_checkpoint(tmp_path / "src")
+    rev = "c" * 40
+    base = [
+        sys.executable,
+        "-m",
+        "llmfleet",
+        "stage",
+        str(src),
+        "--model",
+        "m",
+        "--revision",
+        rev,
+        "--root",
+        str(tmp_path / "nvme"),
+    ]
+    chk = subprocess.run([*base, "--check"], capture_output=True, text=True, check=False)
+    assert chk.returncode == 0 and "absent: would copy 7 files" in chk.stdout
+    assert not (tmp_path / "nvme").exists()
+    cp = subprocess.run([*base, "--json"], capture_output=True, text=True, check=False)
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["bytes_copied"] > 0
+    assert "building the manifest" in cp.stderr and "100.0%" in cp.stderr and "published" in cp.stderr
+    again = subprocess.run([*base, "--json"], capture_output=True, text=True, check=False)
+    assert json.loads(again.stdout)["bytes_copied"] == 0
+    bad = subprocess.run(
+        [*base[:-2], "--root", str(tmp_path / "nvme"), "--revision", "main"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 1 and "40-hex" in bad.stderr
