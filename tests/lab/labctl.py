@@ -247,10 +247,17 @@ class Lab:
         hosts += [f"{self.node(i).ip} {self.node(i).name}" for i in range(1, n + 1)]
         (self.state / "hosts").write_text("\n".join(hosts) + "\n")
 
+    def hosts_for(self, node: Node) -> str:
+        """/etc/hosts as Debian writes it: the node's own name on 127.0.1.1 (the real-cluster
+        trap that makes Gloo/NCCL pick loopback without *_SOCKET_IFNAME), the others by IP."""
+        own = f"{node.ip} {node.name}"
+        lines = [ln for ln in (self.state / "hosts").read_text().splitlines() if ln != own]
+        return "\n".join([*lines, f"127.0.1.1 {node.name}"]) + "\n"
+
     def _start(self, node: Node) -> None:
         d = node.dir
         (d / "nvme").mkdir(parents=True, exist_ok=True)
-        shutil.copy(self.state / "hosts", d / "hosts")
+        (d / "hosts").write_text(self.hosts_for(node))
         shutil.copy(self.key.with_suffix(".pub"), d / "authorized_keys")
         hk = d / "ssh_host_ed25519_key"
         if not hk.exists():
@@ -303,9 +310,9 @@ class Lab:
         self._ensure_common(n)
         wanted = [self.node(i) for i in range(1, n + 1)]
         to_start = []
-        hosts = (self.state / "hosts").read_text()
         for node in wanted:
             if node.systemd_pid() is not None and node.ssh_ok():
+                hosts = self.hosts_for(node)
                 if (node.dir / "hosts").read_text() != hosts:  # the node count changed: update in place
                     node.nsenter("sh", "-c", "cat > /etc/hosts", input=hosts, check=True)
                     (node.dir / "hosts").write_text(hosts)

@@ -65,6 +65,10 @@ mount -o remount,bind,ro "$R$project"
 echo "$host" >"$R/etc/hostname"
 systemd-id128 new >"$R/etc/machine-id"
 cp "$node_dir/hosts" "$R/etc/hosts"
+# No DNS server is reachable from the lab subnet: answer "no" at once (127.0.0.1:53 refuses)
+# instead of letting every reverse lookup hang for the resolver timeout.
+rm -f "$R/etc/resolv.conf"
+printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$R/etc/resolv.conf"
 install -d -m 0700 "$R/root/.ssh"
 install -m 0600 "$node_dir/authorized_keys" "$R/root/.ssh/authorized_keys"
 rm -f "$R"/etc/ssh/ssh_host_*
