@@ -269,8 +269,10 @@ def discover(
     numa = numa_nodes(sys_root)
     ip_of = {n["name"]: n["ipv4"] for n in nets}
     for g in gpus:
-        if g.get("numa_node") is None and g.get("local_cpulist") == "" and len(numa) == 1:
+        if g.get("numa_node") is None and len(numa) == 1:
+            # VMs report numa_node -1 (and NVML "not supported"); with one NUMA node it can only be that one.
             g["numa_node"] = next(iter(numa))
+            g["numa_source"] = "single NUMA node"
         g["cpus"] = parse_cpulist(g.get("local_cpulist") or "") or numa.get(g.get("numa_node"), [])
         g["nearest_hcas"] = sorted(
             ({"hca": h["name"], "level": link_level(g["path"], h["path"], g.get("numa_node"), h.get("numa_node"))}

@@ -198,3 +198,23 @@ def test_cli_on_a_fake_tree(tmp_path):
     txt = subprocess.run([*base[:-1], "--sysfs-root", str(tree), "--node-ip", "10.1.1.1", "--address", "ens1=10.1.1.1"],
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert "NCCL_IB_GID_INDEX=5" in txt.stdout.splitlines() and "GPU0 0000:01:00.0" in txt.stdout
+
+
+def test_parse_recorded_h200x2_topo():
+    """Recorded on the lent 2x H200 machine (docs/device-runs/2026-11-29-h200x2-topology)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "fixtures/nvidia-smi-topo-h200x2.txt").read_text()
+    assert topology.parse_topo_matrix(text) == {
+        "GPU0": {"GPU0": "X", "GPU1": "NV18"},
+        "GPU1": {"GPU0": "NV18", "GPU1": "X"},
+    }
+    assert topology.parse_topo_nic_legend(text) == {}
+
+
+def test_vm_numa_minus_one_with_one_numa_node(tmp_path):
+    fs = single_gpu_vm(tmp_path)  # numa_node -1 in sysfs, like the lent H200 VM
+    assert fs
+    topo = topology.discover(str(tmp_path), node_ip="192.168.1.5", addresses={"eth0": ["192.168.1.5"]}, use_nvml=False)
+    assert topo["gpus"][0]["numa_node"] == 0 and topo["gpus"][0]["numa_source"] == "single NUMA node"
+    assert topo["gpus"][0]["cpus"] == list(range(16))
