@@ -18,7 +18,7 @@ DEMO_NODES ?= 4
 ROLES := $(notdir $(wildcard roles/*))
 LAB := $(PY) tests/lab/labctl.py
 
-.PHONY: help install sshd lint unit integration molecule test demo lab-up lab-down lab-status bench clean
+.PHONY: help install system-deps lint unit integration molecule test demo lab-up lab-down lab-status bench clean
 
 help:
 	@echo "make demo   - bring up a $(DEMO_NODES)-node lab and run playbooks/site.yml against it"
@@ -31,11 +31,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test,lab]'
 	touch $@
 
-install: $(VENV)/.installed sshd
+install: $(VENV)/.installed system-deps
 
-# The lab nodes run the host's sshd binary (each in its own namespaces).
-sshd:
-	@test -x /usr/sbin/sshd || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
+# The lab nodes run the host's sshd binary (each in its own namespaces); tests block ports with
+# iptables inside a node's netns; the staging benchmark compares with rsync.
+SYSTEM_DEPS := /usr/sbin/sshd:openssh-server /usr/sbin/iptables:iptables /usr/bin/rsync:rsync
+system-deps:
+	@missing=""; for d in $(SYSTEM_DEPS); do test -x "$${d%%:*}" || missing="$$missing $${d##*:}"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 
 lint: $(VENV)/.installed
 	ruff check .

@@ -12,7 +12,7 @@ import pytest
 from tests.lab import demo_model, labctl
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB_NODES = int(os.environ.get("LLMFLEET_TEST_NODES", "3"))
+LAB_NODES = int(os.environ.get("LLMFLEET_TEST_NODES", "4"))
 
 
 def ansible_env() -> dict:

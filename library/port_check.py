@@ -1,0 +1,98 @@
+#!/usr/bin/python
+"""Ansible module: listen on, or probe, TCP ports between nodes (rendezvous reachability)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: port_check
+short_description: Listen on TCP ports for a while, or probe peers' ports
+description:
+  - C(mode=listen) binds I(bind):I(ports) and accepts connections for I(duration) seconds (run it async on every
+    node first). A port already in use counts as listening (something serves it).
+  - C(mode=probe) connects to every target's ports and reports open / refused / timeout.
+options:
+  mode: {description: listen or probe., type: str, choices: [listen, probe], required: true}
+  ports: {description: TCP ports., type: list, elements: int, required: true}
+  bind: {description: Address to listen on (the fabric IP)., type: str, default: 0.0.0.0}
+  duration: {description: Seconds to keep listening., type: float, default: 30}
+  targets: {description: Node name -> IP to probe., type: dict, default: {}}
+  timeout: {description: Seconds per connection attempt., type: float, default: 3}
+author: llmfleet developers
+"""
+
+EXAMPLES = r"""
+- name: Probe the peers
+  port_check:
+    mode: probe
+    ports: [50080]
+    targets: {node2: 10.0.0.12}
+"""
+
+RETURN = r"""
+reachability: {description: "probe: {node: {port: open|refused|timeout}}.", returned: probe, type: dict}
+listening: {description: "listen: ports bound (or already in use).", returned: listen, type: list}
+"""
+
+import socket
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet.preflight import probe_ports
+
+
+def listen(bind: str, ports: list[int], duration: float) -> list[dict]:
+    socks, out = [], []
+    for port in ports:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind, port))
+            s.listen(64)
+            s.setblocking(False)
+            socks.append(s)
+            out.append({"port": port, "state": "listening"})
+        except OSError as e:
+            s.close()
+            out.append({"port": port, "state": "in use" if e.errno == 98 else f"error: {e}"})
+    end = time.monotonic() + duration
+    while time.monotonic() < end and socks:
+        for s in socks:
+            try:
+                conn, _ = s.accept()
+                conn.close()
+            except BlockingIOError:
+                pass
+        time.sleep(0.05)
+    for s in socks:
+        s.close()
+    return out
+
+
+def build_module() -> AnsibleModule:
+    return AnsibleModule(
+        argument_spec={
+            "mode": {"type": "str", "choices": ["listen", "probe"], "required": True},
+            "ports": {"type": "list", "elements": "int", "required": True},
+            "bind": {"type": "str", "default": "0.0.0.0"},  # noqa: S104 (the role passes the fabric IP)
+            "duration": {"type": "float", "default": 30},
+            "targets": {"type": "dict", "default": {}},
+            "timeout": {"type": "float", "default": 3},
+        },
+        supports_check_mode=True,
+    )
+
+
+def run(module: AnsibleModule) -> None:
+    p = module.params
+    if p["mode"] == "listen":
+        module.exit_json(changed=False, listening=listen(p["bind"], p["ports"], p["duration"]))
+    module.exit_json(changed=False, reachability=probe_ports(p["targets"], p["ports"], p["timeout"]))
+
+
+def main() -> None:
+    run(build_module())
+
+
+if __name__ == "__main__":
+    main()
