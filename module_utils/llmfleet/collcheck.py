@@ -169,14 +169,7 @@ class Rank:
         x0, exp = self.tensors(op, n, dtype)
         out = torch.zeros(n * self.world if op == "all_gather" else n, device=self.device, dtype=dtype)
         scratch = torch.zeros_like(x0)
-        for _ in range(self.a.warmup):
-            self.wait(self.run_op(op, scratch, out))
-        self.sync()
-        t0 = time.perf_counter()
-        for _ in range(self.a.iters):
-            self.wait(self.run_op(op, scratch, out))
-        self.sync()
-        t = (time.perf_counter() - t0) / max(1, self.a.iters)
+        t = self.timed(op, scratch, out)
         wrong = 0
         for _ in range(self.a.check_iters):
             x = x0.clone()
@@ -194,6 +187,33 @@ class Rank:
             res["ref_time_us"] = round(ref * 1e6, 2)
             res["ref_busbw_GBps"] = round(n * esize / ref * bus_factor(op, self.world) / 1e9, 3)
         return res
+
+    def timed(self, op: str, scratch: Any, out: Any) -> float:
+        """Seconds per op over `iters` back-to-back ops. On GPUs the ops are only enqueued (the host
+        never waits per op) and CUDA events time the stream, as nccl-tests does; a hung collective is
+        ended by NCCL's watchdog (op_timeout) or the rank's outer watchdog."""
+        if not self.gpu:
+            for _ in range(self.a.warmup):
+                self.wait(self.run_op(op, scratch, out))
+            t0 = time.perf_counter()
+            for _ in range(self.a.iters):
+                self.wait(self.run_op(op, scratch, out))
+            return (time.perf_counter() - t0) / max(1, self.a.iters)
+        torch = self.torch
+        for _ in range(self.a.warmup):
+            self.enqueue(op, scratch, out)
+        torch.cuda.synchronize(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(self.a.iters):
+            self.enqueue(op, scratch, out)
+        end.record()
+        torch.cuda.synchronize(self.device)
+        return start.elapsed_time(end) / 1e3 / max(1, self.a.iters)
+
+    def enqueue(self, op: str, x: Any, out: Any) -> None:
+        work = self.run_op(op, x, out)
+        work.wait()  # NCCL: makes the current stream wait; the host does not block
 
     def reference_time(self, buf: Any) -> float:
         """PyTorch's plain timing of the same all_reduce: CUDA events around back-to-back calls,
