@@ -266,6 +266,8 @@ class _Multi:
         self.reqs = reqs
 
     def wait(self, timeout: Any = None) -> bool:
+        if timeout is None:
+            return all(r.wait() is not False for r in self.reqs)
         return all(r.wait(timeout=timeout) is not False for r in self.reqs)
 
 
