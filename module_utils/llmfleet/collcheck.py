@@ -178,8 +178,10 @@ class Rank:
             self.sync()
             got = out if op in ("all_gather", "sendrecv") else x
             wrong = max(wrong, int((got != exp).sum().item()))
-        alg = n * esize / t
-        res = {"op": op, "dtype": dtype_name, "bytes": n * esize, "time_us": round(t * 1e6, 2),
+        # nccl-tests' size: the per-rank buffer, except AllGather where it is the gathered output.
+        size = n * esize * (self.world if op == "all_gather" else 1)
+        alg = size / t
+        res = {"op": op, "dtype": dtype_name, "bytes": size, "time_us": round(t * 1e6, 2),
                "algbw_GBps": round(alg / 1e9, 3), "busbw_GBps": round(alg * bus_factor(op, self.world) / 1e9, 3),
                "wrong": wrong}  # fmt: skip
         if self.a.reference and op == "all_reduce":
@@ -212,8 +214,16 @@ class Rank:
         return start.elapsed_time(end) / 1e3 / max(1, self.a.iters)
 
     def enqueue(self, op: str, x: Any, out: Any) -> None:
-        work = self.run_op(op, x, out)
-        work.wait()  # NCCL: makes the current stream wait; the host does not block
+        """Plain blocking-style calls (on NCCL they only enqueue on the stream), like the reference."""
+        dist = self.dist
+        if op == "all_reduce":
+            dist.all_reduce(x)
+        elif op == "broadcast":
+            dist.broadcast(x, src=0)
+        elif op == "all_gather":
+            dist.all_gather_into_tensor(out, x)
+        else:
+            self.run_op(op, x, out).wait()  # P2P: wait() makes the stream wait; the host does not block
 
     def reference_time(self, buf: Any) -> float:
         """PyTorch's plain timing of the same all_reduce: CUDA events around back-to-back calls,
