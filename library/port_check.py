@@ -17,6 +17,7 @@ options:
   bind: {description: Address to listen on (the fabric IP)., type: str, default: 0.0.0.0}
   duration: {description: Seconds to keep listening., type: float, default: 30}
   targets: {description: Node name -> IP to probe., type: dict, default: {}}
+  ready_file: {description: "listen: file written once every port is bound (wait for it before probing); removing it stops the listener.", type: path}
   timeout: {description: Seconds per connection attempt., type: float, default: 3}
 author: llmfleet developers
 """
@@ -34,6 +35,8 @@ reachability: {description: "probe: {node: {port: open|refused|timeout}}.", retu
 listening: {description: "listen: ports bound (or already in use).", returned: listen, type: list}
 """
 
+import json
+import os
 import socket
 import time
 
@@ -41,7 +44,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet.preflight import probe_ports
 
 
-def listen(bind: str, ports: list[int], duration: float) -> list[dict]:
+def listen(bind: str, ports: list[int], duration: float, ready_file: str | None = None) -> list[dict]:
     socks, out = [], []
     for port in ports:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -55,8 +58,11 @@ def listen(bind: str, ports: list[int], duration: float) -> list[dict]:
         except OSError as e:
             s.close()
             out.append({"port": port, "state": "in use" if e.errno == 98 else f"error: {e}"})
+    if ready_file:
+        with open(ready_file, "w", encoding="utf-8") as f:
+            f.write(json.dumps(out))
     end = time.monotonic() + duration
-    while time.monotonic() < end and socks:
+    while time.monotonic() < end and socks and (not ready_file or os.path.exists(ready_file)):
         for s in socks:
             try:
                 conn, _ = s.accept()
@@ -66,6 +72,8 @@ def listen(bind: str, ports: list[int], duration: float) -> list[dict]:
         time.sleep(0.05)
     for s in socks:
         s.close()
+    if ready_file and os.path.exists(ready_file):
+        os.unlink(ready_file)
     return out
 
 
@@ -78,6 +86,7 @@ def build_module() -> AnsibleModule:
             "duration": {"type": "float", "default": 30},
             "targets": {"type": "dict", "default": {}},
             "timeout": {"type": "float", "default": 3},
+            "ready_file": {"type": "path"},
         },
         supports_check_mode=True,
     )
@@ -86,7 +95,7 @@ def build_module() -> AnsibleModule:
 def run(module: AnsibleModule) -> None:
     p = module.params
     if p["mode"] == "listen":
-        module.exit_json(changed=False, listening=listen(p["bind"], p["ports"], p["duration"]))
+        module.exit_json(changed=False, listening=listen(p["bind"], p["ports"], p["duration"], p["ready_file"]))
     module.exit_json(changed=False, reachability=probe_ports(p["targets"], p["ports"], p["timeout"]))
 
 
