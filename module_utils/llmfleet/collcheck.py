@@ -39,10 +39,13 @@ def parse_size(text: str) -> int:
 
 
 def size_sweep(lo: int, hi: int, factor: int = 4) -> list[int]:
+    """lo, lo*factor, ... and always hi itself (8 B ... 1 GiB ends at 1 GiB)."""
     out, s = [], lo
     while s <= hi:
         out.append(s)
         s *= factor
+    if out[-1] != hi:
+        out.append(hi)
     return out
 
 

@@ -1,0 +1,106 @@
+"""Collective check: exact values, nccl-tests formulas, verdicts, and real gloo worlds on this host
+(one process per rank) with a corrupting rank and a rank that never arrives."""
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from llmfleet import collcheck
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8, 16, 31, 32, 63, 64])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_values_are_exact_in_the_dtype(world, dtype):
+    torch = pytest.importorskip("torch")
+    assert collcheck.check_exactness(world, dtype)
+    tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
+    # simulate the sum in the dtype itself, rank by rank, as a reduction would
+    idx = torch.arange(1024)
+    acc = torch.zeros(1024, dtype=tdt)
+    for r in range(world):
+        acc = acc + (((idx + r) % collcheck.PATTERN) + 1).to(tdt)
+    want = torch.tensor(collcheck.allreduce_expected(world), dtype=tdt)[idx % collcheck.PATTERN]
+    assert torch.equal(acc, want)
+    assert torch.equal(((idx % 251) + 1).to(tdt).to(torch.int64), (idx % 251) + 1)  # broadcast pattern
+
+
+def test_bf16_would_break_beyond_the_design_limit():
+    """The check above can fail: at 128 ranks the bf16 sum is no longer exact."""
+    assert not collcheck.check_exactness(128, "bf16")
+
+
+@pytest.mark.parametrize(
+    ("op", "world", "factor"),
+    [("all_reduce", 8, 2 * 7 / 8), ("all_reduce", 32, 2 * 31 / 32), ("all_gather", 8, 7 / 8),
+     ("broadcast", 8, 1.0), ("sendrecv", 8, 1.0), ("all_reduce", 1, 0.0)],
+)  # fmt: skip
+def test_bus_factor_is_nccl_tests(op, world, factor):
+    assert collcheck.bus_factor(op, world) == pytest.approx(factor)
+
+
+@pytest.mark.parametrize(("text", "n"), [("8", 8), ("1K", 1024), ("64M", 64 * 2**20), ("1G", 2**30), ("4KB", 4096)])
+def test_parse_size(text, n):
+    assert collcheck.parse_size(text) == n
+
+
+def test_default_sweeps():
+    gpu = collcheck.size_sweep(8, 2**30)
+    assert gpu[0] == 8 and gpu[-2:] == [2**29, 2**30]
+    assert all(b == a * 4 for a, b in itertools.pairwise(gpu[:-1]))
+
+
+def test_judge_verdicts():
+    ok = collcheck.judge([{"rank": 0, "ok": True}, {"rank": 1, "ok": True}])
+    assert ok["ok"] and ok["verdict"].startswith("PASS")
+    bad = collcheck.judge([{"rank": 0, "ok": False, "wrong": 3, "culprit_ranks": [1]},
+                           {"rank": 1, "ok": False, "wrong": 3, "culprit_ranks": [1]}])  # fmt: skip
+    assert bad["culprit_ranks"] == [1] and "contribution of rank(s) [1]" in bad["verdict"]
+    missing = collcheck.judge([{"rank": 0, "ok": False, "error": "timeout", "stalled": {"0": "rendezvous", "1": "missing"}},
+                               {"rank": 1, "ok": False, "error": "no result"}])  # fmt: skip
+    assert missing["missing_ranks"] == [1] and "rank(s) [1] never arrived" in missing["verdict"]
+
+
+def local(*args, timeout=180):
+    cp = subprocess.run([sys.executable, "-m", "llmfleet.collcheck", "local", "--backend", "gloo", "--compact",
+                         "--iters", "2", "--warmup", "1", *args], capture_output=True, text=True, timeout=timeout,
+                        check=False)  # fmt: skip
+    return cp.returncode, json.loads(cp.stdout)
+
+
+def test_gloo_world_passes_with_exact_values():
+    pytest.importorskip("torch")
+    rc, out = local("--nproc", "4", "--sizes", "8,4K,256K", "--deadline", "120")
+    assert rc == 0 and out["ok"], out["verdict"]
+    r0 = out["ranks"][0]["results"]
+    assert {(x["op"], x["dtype"]) for x in r0} == {(o, d) for o in collcheck.OPS for d in collcheck.DTYPES}
+    assert all(x["wrong"] == 0 for x in r0) and all(x["busbw_GBps"] >= 0 for x in r0)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "sendrecv", "all_gather"])
+def test_a_corrupting_rank_is_named(op):
+    pytest.importorskip("torch")
+    rc, out = local("--nproc", "3", "--ops", op, "--sizes", "1K", "--corrupt-rank", "2", "--deadline", "120")
+    assert rc == 1 and not out["ok"]
+    assert out["culprit_ranks"] == [2], out["verdict"]
+    assert any(r.get("wrong") for r in out["ranks"])
+
+
+def test_a_rank_that_never_arrives_is_named_without_hanging():
+    pytest.importorskip("torch")
+    port = str(collcheck.free_port())
+    common = ["--world", "3", "--master", "127.0.0.1", "--port", port, "--backend", "gloo", "--ops", "all_reduce",
+              "--sizes", "8", "--iters", "1", "--warmup", "0", "--timeout", "5", "--op-timeout", "5", "--deadline", "40"]  # fmt: skip
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "llmfleet.collcheck", "rank", "--rank", str(r), *common],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in (0, 1)]  # fmt: skip
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    elapsed = time.monotonic() - t0
+    ranks = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+    assert all(p.returncode in (collcheck.EXIT_ERROR, collcheck.EXIT_TIMEOUT) for p in procs)
+    verdict = collcheck.judge(ranks)
+    assert verdict["missing_ranks"] == [2], (verdict, ranks)
+    assert elapsed < 40, f"took {elapsed:.0f}s: the timeouts did not bound it"
