@@ -10,7 +10,7 @@ export PYTHONPATH="$PWD/module_utils${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERE
 py=${PYTHON:-python3}
 n=$($py -c 'import torch; print(torch.cuda.device_count())')
 echo "GPUs: $n; torch $($py -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())')"
-$py -m llmfleet.collcheck local --nproc "$n" --backend nccl --sizes 8,1K,64K,1M,16M,64M,256M,1G --iters 20 --warmup 5 \
+$py -m llmfleet.collcheck local --nproc "$n" --backend nccl ${SIZES:+--sizes "$SIZES"} --iters 20 --warmup 5 \
   --reference --deadline 500 >"$out/collcheck-nccl.json"
 echo "sweep rc=$?"
 $py -m llmfleet.collcheck local --nproc "$n" --backend nccl --sizes 1K,64M --iters 5 --warmup 2 \
