@@ -24,6 +24,66 @@ def llmfleet_duplicates(mapping: Mapping) -> dict:
     return {value: sorted(keys) for value, keys in seen.items() if len(keys) > 1}
 
 
+def llmfleet_pair_rounds(nodes: list) -> list:
+    """Rounds of node pairs (each node at most once per round): every pair exactly once."""
+    from llmfleet.collcheck import pair_rounds
+
+    return [[list(p) for p in r] for r in pair_rounds(list(nodes))]
+
+
+def llmfleet_pick(hostvars_of_one: Mapping, keys: list) -> dict:
+    """The subset of one host's variables named by keys (missing ones are None)."""
+    return {k: hostvars_of_one.get(k) for k in keys}
+
+
+def llmfleet_collcheck_verdict(by_node: Mapping) -> dict:
+    """Verdict of the three phases from every node's results: {node: {_nccl_check_single,
+    _nccl_check_full, _nccl_check_pairs}} -> ok, culprit ranks, bad nodes/links, one line each."""
+    from llmfleet.collcheck import isolate, judge
+
+    single = {n: bool((v.get("_nccl_check_single") or {}).get("ok")) for n, v in by_node.items()}
+    full_ranks = [r for v in by_node.values() for r in (v.get("_nccl_check_full") or {}).get("ranks", [])]
+    full = judge(full_ranks)
+    pairs: dict = {}
+    for v in by_node.values():
+        for p in v.get("_nccl_check_pairs") or []:
+            key = tuple(sorted(p["pair"]))
+            pairs[key] = pairs.get(key, True) and bool(p["ok"])
+    iso = (
+        isolate(single, pairs)
+        if pairs
+        else {"bad_nodes": sorted(n for n, ok in single.items() if not ok), "bad_links": []}
+    )
+    ok = all(single.values()) and full["ok"]
+    lines = [
+        "phase 1 (each node alone): " + ", ".join(f"{n} {'PASS' if o else 'FAIL'}" for n, o in sorted(single.items())),
+        f"phase 2 (full world, {len(full_ranks)} ranks): {full['verdict']}",
+    ]
+    if pairs:
+        lines.append(
+            "phase 3 (pairs): " + ", ".join(f"{a}+{b} {'PASS' if o else 'FAIL'}" for (a, b), o in sorted(pairs.items()))
+        )
+    culprits = []
+    if full["culprit_ranks"]:
+        culprits.append(f"rank(s) {full['culprit_ranks']} contribute wrong values")
+    if iso["bad_nodes"]:
+        culprits.append(f"bad node(s): {', '.join(iso['bad_nodes'])}")
+    if iso["bad_links"]:
+        culprits.append(f"bad link(s): {', '.join(iso['bad_links'])}")
+    if full["missing_ranks"]:
+        culprits.append(f"rank(s) {full['missing_ranks']} never arrived")
+    verdict = "PASS: every phase exact" if ok else "FAIL: " + ("; ".join(culprits) or full["verdict"])
+    lines.append("verdict: " + verdict)
+    return {"ok": ok, "verdict": verdict, "lines": lines, "single": single, "full": full,
+            "pairs": [{"pair": list(k), "ok": v} for k, v in sorted(pairs.items())], **iso,
+            "ranks": full_ranks}  # fmt: skip
+
+
 class FilterModule:
     def filters(self) -> dict:
-        return {"llmfleet_duplicates": llmfleet_duplicates}
+        return {
+            "llmfleet_duplicates": llmfleet_duplicates,
+            "llmfleet_pair_rounds": llmfleet_pair_rounds,
+            "llmfleet_pick": llmfleet_pick,
+            "llmfleet_collcheck_verdict": llmfleet_collcheck_verdict,
+        }

@@ -492,3 +492,86 @@ def _default_backend() -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---- a node's share of a (multi-node) world, for the Ansible module -----------------------------------
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for raw in f:
+                line = raw.strip()
+                if line and not line.startswith("#") and "=" in line:
+                    k, _, v = line.partition("=")
+                    env[k.strip()] = v.strip()
+    except OSError:
+        pass
+    return env
+
+
+def run_node_ranks(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Start this node's ranks of one world and wait for them (with a deadline).
+
+    spec: python, world, master, port, ranks ([[global_rank, local_rank], ...]), env (dict),
+    args (list of extra rank args), deadline, pythonpath, delay_ranks ({rank: seconds}, fault injection)."""
+    env = {**os.environ, **spec.get("env", {})}
+    if spec.get("pythonpath"):
+        env["PYTHONPATH"] = spec["pythonpath"] + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    procs = []
+    for rank, local in spec["ranks"]:
+        argv = [spec["python"], "-m", "llmfleet.collcheck", "rank", "--rank", str(rank), "--world", str(spec["world"]),
+                "--local-rank", str(local), "--master", spec["master"], "--port", str(spec["port"]),
+                "--deadline", str(spec["deadline"]), *spec.get("args", [])]  # fmt: skip
+        delay = (spec.get("delay_ranks") or {}).get(str(rank))
+        if delay:
+            argv += ["--delay-start", str(delay)]
+        procs.append((rank, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)))
+    end = time.monotonic() + spec["deadline"] + 15
+    out = []
+    for rank, p in procs:
+        try:
+            so, se = p.communicate(timeout=max(1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()  # the rank's own watchdog failed: never leave it running
+            so, se = p.communicate()
+        line = next((ln for ln in reversed(so.splitlines()) if ln.startswith("{")), None)
+        res = (
+            json.loads(line)
+            if line
+            else {"rank": rank, "ok": False, "error": f"no result (exit {p.returncode}): {se[-400:]}"}
+        )
+        res.update(exit=p.returncode, node=socket.gethostname())
+        out.append(res)
+    return out
+
+
+def pair_rounds(nodes: list[str]) -> list[list[tuple[str, str]]]:
+    """Every pair of nodes exactly once, in rounds where each node is in at most one pair
+    (circle method), so a round's pairs run in parallel."""
+    ns = list(nodes) + ([None] if len(nodes) % 2 else [])
+    n = len(ns)
+    rounds = []
+    for _ in range(n - 1):
+        pairs = [(ns[i], ns[n - 1 - i]) for i in range(n // 2)]
+        rounds.append([tuple(sorted(p)) for p in pairs if None not in p])
+        ns = [ns[0], ns[-1], *ns[1:-1]]
+    return [r for r in rounds if r]
+
+
+def isolate(single: dict[str, bool], pairs: dict[tuple[str, str], bool]) -> dict[str, Any]:
+    """Name the bad node(s) / link(s) from single-node results and pairwise results: a node that
+    fails alone, or that fails with every partner while those partners pass elsewhere, is bad; a
+    failing pair of otherwise-good nodes is a bad link."""
+    bad_nodes = {n for n, ok in single.items() if not ok}
+    nodes = [n for n in single if single[n]]
+    for n in nodes:
+        mine = [ok for (a, b), ok in pairs.items() if n in (a, b)]
+        others_ok = any(ok for (a, b), ok in pairs.items() if n not in (a, b))
+        if mine and not any(mine) and others_ok:
+            bad_nodes.add(n)
+    bad_links = sorted(
+        f"{a}<->{b}" for (a, b), ok in pairs.items() if not ok and a not in bad_nodes and b not in bad_nodes
+    )
+    return {"bad_nodes": sorted(bad_nodes), "bad_links": bad_links}

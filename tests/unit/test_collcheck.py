@@ -104,3 +104,50 @@ def test_a_rank_that_never_arrives_is_named_without_hanging():
     verdict = collcheck.judge(ranks)
     assert verdict["missing_ranks"] == [2], (verdict, ranks)
     assert elapsed < 40, f"took {elapsed:.0f}s: the timeouts did not bound it"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9])
+def test_pair_rounds_cover_every_pair_once_and_run_in_parallel(n):
+    nodes = [f"n{i}" for i in range(n)]
+    rounds = collcheck.pair_rounds(nodes)
+    pairs = [p for r in rounds for p in r]
+    assert len(pairs) == len(set(pairs)) == n * (n - 1) // 2
+    for r in rounds:
+        flat = [x for p in r for x in p]
+        assert len(flat) == len(set(flat))  # a node is in at most one pair per round
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+
+
+@pytest.mark.parametrize(
+    ("single", "pairs", "nodes", "links"),
+    [
+        ({"a": True, "b": True, "c": True, "d": True},
+         {("a", "b"): True, ("a", "c"): False, ("a", "d"): True, ("b", "c"): False, ("b", "d"): True, ("c", "d"): False},
+         ["c"], []),
+        ({"a": True, "b": True, "c": True},
+         {("a", "b"): True, ("a", "c"): True, ("b", "c"): False}, [], ["b<->c"]),
+        ({"a": True, "b": False, "c": True}, {("a", "c"): True}, ["b"], []),
+        ({"a": True, "b": True}, {("a", "b"): False}, [], ["a<->b"]),
+    ],
+)  # fmt: skip
+def test_isolate_names_bad_nodes_and_links(single, pairs, nodes, links):
+    assert collcheck.isolate(single, pairs) == {"bad_nodes": nodes, "bad_links": links}
+
+
+def test_verdict_filter():
+    from llmfleet_filters import llmfleet_collcheck_verdict
+
+    ok_rank = {"ok": True, "wrong": 0}
+    by_node = {
+        "n1": {"_nccl_check_single": {"ok": True}, "_nccl_check_full": {"ranks": [{"rank": 0, **ok_rank}]},
+               "_nccl_check_pairs": []},
+        "n2": {"_nccl_check_single": {"ok": True}, "_nccl_check_full": {"ranks": [{"rank": 1, **ok_rank}]},
+               "_nccl_check_pairs": []},
+    }  # fmt: skip
+    v = llmfleet_collcheck_verdict(by_node)
+    assert v["ok"] and v["verdict"] == "PASS: every phase exact" and len(v["ranks"]) == 2
+    by_node["n2"]["_nccl_check_full"] = {"ranks": [{"rank": 1, "ok": False, "error": "timeout"}]}
+    by_node["n1"]["_nccl_check_full"] = {"ranks": [{"rank": 0, "ok": False, "error": "timeout",
+                                                    "stalled": {"0": "rendezvous", "1": "missing"}}]}  # fmt: skip
+    v = llmfleet_collcheck_verdict(by_node)
+    assert not v["ok"] and "rank(s) [1] never arrived" in v["verdict"]

@@ -1,0 +1,53 @@
+"""The collective check role on the lab: real Gloo worlds across netns nodes (2 ranks per node).
+Every fault ends within the configured timeouts and the verdict names the culprit."""
+
+import json
+import time
+
+from tests.integration.conftest import LAB_NODES, run_ansible, ssh
+from tests.lab.labctl import run
+
+
+def check(lab, *extra):
+    t0 = time.monotonic()
+    cp = run_ansible("ansible-playbook", "playbooks/nccl_check.yml", *extra, check=False)
+    took = time.monotonic() - t0
+    raw = ssh(lab, "node1", "cat /var/lib/llmfleet/checks/collective-check-latest.json").stdout
+    return cp, json.loads(raw), took
+
+
+def test_fleet_passes_with_exact_values(lab):
+    run_ansible("ansible-playbook", "playbooks/topology.yml")  # fabric.env: GLOO_SOCKET_IFNAME=eth0
+    cp, v, _ = check(lab)
+    assert cp.returncode == 0, cp.stdout[-3000:]
+    assert v["ok"] and len(v["ranks"]) == 2 * LAB_NODES and sum(r["wrong"] for r in v["ranks"]) == 0
+    assert sorted(r["rank"] for r in v["ranks"]) == list(range(2 * LAB_NODES))
+    assert {r["rank"]: r["host"] for r in v["ranks"]}[2] == "node2"  # rank = node index x 2 + local
+
+
+def test_a_corrupting_rank_is_named(lab):
+    cp, v, _ = check(lab, "-e", "nccl_check_corrupt_rank=5")
+    assert cp.returncode != 0
+    assert v["full"]["culprit_ranks"] == [5] and "rank(s) [5] contribute wrong values" in v["verdict"]
+
+
+def test_a_rank_that_never_starts_is_named_without_hanging(lab):
+    cp, v, took = check(lab, "-e", json.dumps({"nccl_check_delay_ranks": {"3": 200}, "nccl_check_pairwise": False}))
+    assert cp.returncode != 0
+    assert 3 in v["full"]["missing_ranks"], v["lines"]
+    assert took < 200, f"took {took:.0f}s"
+
+
+def test_a_node_whose_link_is_down_is_named(lab):
+    veth = lab.node(3).veth
+    run(["ip", "link", "set", veth, "down"])
+    try:
+        cp, v, took = check(lab)
+    finally:
+        run(["ip", "link", "set", veth, "up"])
+    assert cp.returncode != 0
+    assert v["single"]["node3"] is True  # alone, node3 is fine: the fault is its link
+    assert v["full"]["ok"] is False
+    assert v["bad_nodes"] == ["node3"], v["lines"]
+    assert "bad node(s): node3" in v["verdict"]
+    print(f"link down: verdict in {took:.0f}s")
