@@ -378,9 +378,18 @@ def launch_local(a: argparse.Namespace) -> int:
         argv = [*base, "--rank", str(r), "--world", str(a.nproc), "--local-rank", str(r), "--master", "127.0.0.1",
                 "--port", str(port), *_common_args(a)]  # fmt: skip
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    end = time.monotonic() + a.deadline + 10
-    ranks = []
-    for r, p in enumerate(procs):
+    ranks = collect(list(enumerate(procs)), a.deadline + 10)
+    verdict = judge(ranks)
+    print(json.dumps({"ranks": ranks, **verdict}, indent=None if a.compact else 2))
+    return 0 if verdict["ok"] else 1
+
+
+def collect(procs: list[tuple[int, Any]], seconds: float) -> list[dict[str, Any]]:
+    """Each rank's JSON line, waiting at most `seconds` overall; a rank that outlives that (its own
+    watchdog failed) is killed, so no rank is ever left running."""
+    end = time.monotonic() + seconds
+    out = []
+    for rank, p in procs:
         try:
             so, se = p.communicate(timeout=max(1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -390,13 +399,11 @@ def launch_local(a: argparse.Namespace) -> int:
         res = (
             json.loads(line)
             if line
-            else {"rank": r, "ok": False, "error": f"no result (exit {p.returncode}): {se[-300:]}"}
+            else {"rank": rank, "ok": False, "error": f"no result (exit {p.returncode}): {se[-400:]}"}
         )
         res["exit"] = p.returncode
-        ranks.append(res)
-    verdict = judge(ranks)
-    print(json.dumps({"ranks": ranks, **verdict}, indent=None if a.compact else 2))
-    return 0 if verdict["ok"] else 1
+        out.append(res)
+    return out
 
 
 def judge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -528,22 +535,9 @@ def run_node_ranks(spec: dict[str, Any]) -> list[dict[str, Any]]:
         if delay:
             argv += ["--delay-start", str(delay)]
         procs.append((rank, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)))
-    end = time.monotonic() + spec["deadline"] + 15
-    out = []
-    for rank, p in procs:
-        try:
-            so, se = p.communicate(timeout=max(1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()  # the rank's own watchdog failed: never leave it running
-            so, se = p.communicate()
-        line = next((ln for ln in reversed(so.splitlines()) if ln.startswith("{")), None)
-        res = (
-            json.loads(line)
-            if line
-            else {"rank": rank, "ok": False, "error": f"no result (exit {p.returncode}): {se[-400:]}"}
-        )
-        res.update(exit=p.returncode, node=socket.gethostname())
-        out.append(res)
+    out = collect(procs, spec["deadline"] + 15)
+    for res in out:
+        res["node"] = socket.gethostname()
     return out
 
 

@@ -14,6 +14,8 @@ import socket
 import struct
 from typing import Any
 
+from .nodeinfo import _read
+
 NVIDIA = "0x10de"
 GPU_CLASSES = ("0x0302", "0x0300")
 # nvidia-smi topo -m link types, nearest first.
@@ -23,14 +25,6 @@ BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 class TopologyError(ValueError):
     """Discovery or an override cannot give a correct environment; the message says what to fix."""
-
-
-def _read(path: str, default: str = "") -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return default
 
 
 def parse_cpulist(text: str) -> list[int]:
