@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Benchmark: the collective check on the lab (4 nodes x 2 Gloo ranks): wall time of a passing
+fleet check, and the time until a node whose fabric is down is named, against the configured
+timeouts. Uses the default lab (brings it up with 4 nodes) and playbooks/nccl_check.yml.
+
+    .venv/bin/python bench/nccl_check_bench.py [--out docs/bench-nccl-check.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.lab.labctl import default_lab, run  # noqa: E402
+
+BIN = Path(sys.executable).parent
+
+
+def play(*args: str) -> tuple[float, int, str]:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{BIN}:{os.environ['PATH']}")
+    t0 = time.monotonic()
+    cp = subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                        check=False)  # fmt: skip
+    return time.monotonic() - t0, cp.returncode, cp.stdout
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    lab = default_lab()
+    lab.up(4)
+    play("playbooks/topology.yml")
+    ok_s, ok_rc, _ = play("playbooks/nccl_check.yml")
+    ns = lab.node(3).netns
+    for r in (["-A", "INPUT", "-i", "lo", "-j", "ACCEPT"], ["-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"],
+              ["-A", "INPUT", "-j", "DROP"]):  # fmt: skip
+        run(["ip", "netns", "exec", ns, "iptables", *r])
+    try:
+        down_s, down_rc, out = play("playbooks/nccl_check.yml")
+        no_pairs_s, _, _ = play("playbooks/nccl_check.yml", "-e", "nccl_check_pairwise=false")
+    finally:
+        run(["ip", "netns", "exec", ns, "iptables", "-F", "INPUT"])
+    verdict = json.loads(lab.node(1).nsenter("cat", "/var/lib/llmfleet/checks/collective-check-latest.json").stdout)
+    text = (
+        "## Collective check on the lab (4 nodes x 2 Gloo ranks)\n\n"
+        f"Command: `.venv/bin/python bench/nccl_check_bench.py` ({time.strftime('%Y-%m-%d', time.gmtime())}, "
+        f"{os.cpu_count()} CPUs). Lab timeouts (inventory/lab): rendezvous 20 s, per collective 20 s, "
+        "rank deadline 90 s; sizes 8 B, 64 KiB, 1 MiB, 4 ops x 2 dtypes, 3 iterations.\n\n"
+        "| scenario | wall s | exit | verdict |\n|---|---:|---:|---|\n"
+        f"| healthy fleet (phases 1 + 2) | {ok_s:.1f} | {ok_rc} | PASS |\n"
+        f"| node3 fabric down, isolation off (phases 1 + 2) | {no_pairs_s:.1f} | 2 | full world fails |\n"
+        f"| node3 fabric down (phases 1 + 2 + 3 pairwise rounds) | {down_s:.1f} | {down_rc} | {verdict.get('verdict')} |\n"
+    )
+    print(text)
+    if a.out:
+        a.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
