@@ -41,11 +41,12 @@ def main() -> int:
     play("playbooks/topology.yml")
     ok_s, ok_rc, _ = play("playbooks/nccl_check.yml")
     ns = lab.node(3).netns
-    for r in (["-A", "INPUT", "-i", "lo", "-j", "ACCEPT"], ["-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"],
-              ["-A", "INPUT", "-j", "DROP"]):  # fmt: skip
+    rules = (["-A", "INPUT", "-i", "lo", "-j", "ACCEPT"], ["-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT"],
+             ["-A", "INPUT", "-j", "DROP"])  # fmt: skip
+    for r in rules:
         run(["ip", "netns", "exec", ns, "iptables", *r])
     try:
-        down_s, down_rc, out = play("playbooks/nccl_check.yml")
+        down_s, down_rc, _ = play("playbooks/nccl_check.yml")
         no_pairs_s, _, _ = play("playbooks/nccl_check.yml", "-e", "nccl_check_pairwise=false")
     finally:
         run(["ip", "netns", "exec", ns, "iptables", "-F", "INPUT"])
