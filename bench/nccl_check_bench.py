@@ -59,7 +59,8 @@ def main() -> int:
         "| scenario | wall s | exit | verdict |\n|---|---:|---:|---|\n"
         f"| healthy fleet (phases 1 + 2) | {ok_s:.1f} | {ok_rc} | PASS |\n"
         f"| node3 fabric down, isolation off (phases 1 + 2) | {no_pairs_s:.1f} | 2 | full world fails |\n"
-        f"| node3 fabric down (phases 1 + 2 + 3 pairwise rounds) | {down_s:.1f} | {down_rc} | {verdict.get('verdict')} |\n"
+        f"| node3 fabric down (phases 1 + 2 + 3 pairwise rounds) | {down_s:.1f} | {down_rc} "
+        f"| {verdict.get('verdict')} |\n"
     )
     print(text)
     if a.out:
