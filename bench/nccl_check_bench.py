@@ -47,7 +47,7 @@ def main() -> int:
         run(["ip", "netns", "exec", ns, "iptables", *r])
     try:
         down_s, down_rc, _ = play("playbooks/nccl_check.yml")
-        no_pairs_s, _, _ = play("playbooks/nccl_check.yml", "-e", "nccl_check_pairwise=false")
+        no_pairs_s, no_pairs_rc, _ = play("playbooks/nccl_check.yml", "-e", "nccl_check_pairwise=false")
     finally:
         run(["ip", "netns", "exec", ns, "iptables", "-F", "INPUT"])
     verdict = json.loads(lab.node(1).nsenter("cat", "/var/lib/llmfleet/checks/collective-check-latest.json").stdout)
@@ -58,7 +58,7 @@ def main() -> int:
         "rank deadline 90 s; sizes 8 B, 64 KiB, 1 MiB, 4 ops x 2 dtypes, 3 iterations.\n\n"
         "| scenario | wall s | exit | verdict |\n|---|---:|---:|---|\n"
         f"| healthy fleet (phases 1 + 2) | {ok_s:.1f} | {ok_rc} | PASS |\n"
-        f"| node3 fabric down, isolation off (phases 1 + 2) | {no_pairs_s:.1f} | 2 | full world fails |\n"
+        f"| node3 fabric down, isolation off (phases 1 + 2) | {no_pairs_s:.1f} | {no_pairs_rc} | full world fails |\n"
         f"| node3 fabric down (phases 1 + 2 + 3 pairwise rounds) | {down_s:.1f} | {down_rc} "
         f"| {verdict.get('verdict')} |\n"
     )
