@@ -4,7 +4,7 @@
 Runs on its own lab (name "bench", subnet 10.79.0) so it never disturbs the default lab.
 Prints a table with the ratio to the smallest size and, with --out, writes it to a markdown file.
 
-    .venv/bin/python bench/lab_fanout.py --nodes 2 4 8 16 --out docs/bench.md
+    .venv/bin/python bench/lab_fanout.py --nodes 2 4 8 16 --out docs/bench-lab.md
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ def main() -> int:
     text = table(rows)
     print(text)
     if a.out:
-        cmd = "make bench  # = .venv/bin/python bench/lab_fanout.py --nodes " + " ".join(map(str, a.nodes))
+        cmd = ".venv/bin/python bench/lab_fanout.py --nodes " + " ".join(map(str, a.nodes))
         a.out.write_text(
-            "# Benchmarks\n\n## Lab bring-up and Ansible fan-out\n\n"
-            f"Command: `{cmd} --out docs/bench.md`\n\n"
+            "## Lab bring-up and Ansible fan-out\n\n"
+            f"Command: `{cmd} --out {a.out}` (part of `make bench`)\n\n"
             f"Machine: {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
             f"Python {platform.python_version()}; measured {time.strftime('%Y-%m-%d', time.gmtime())}. "
             f"Ratios are to the {a.nodes[0]}-node row.\n"
