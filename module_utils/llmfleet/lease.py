@@ -139,18 +139,20 @@ class Lease:
         if self._beat:
             self._beat.join(timeout=5)
         if self.slot:
+            # Log before freeing the slot: the next holder's "acquire" must come after our "release".
+            self._log("release", slot=int(self.slot.rsplit("-", 1)[1]))
             info = _read(self.slot)
             if info and info.get("token") == self.token:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.slot)
-            self._log("release", slot=int(self.slot.rsplit("-", 1)[1]))
             self.slot = None
 
     def holders(self) -> list[dict[str, Any] | None]:
         return [_read(os.path.join(self.dir, f"slot-{i}")) for i in range(self.cap)]
 
     def _log(self, event: str, **kw: Any) -> None:
-        rec = {"t": time.time(), "event": event, "host": self.host, "pid": os.getpid(), "label": self.label, **kw}
+        rec = {"t": time.time(), "event": event, "host": self.host, "pid": os.getpid(), "label": self.label,
+               "token": self.token, **kw}  # fmt: skip
         with contextlib.suppress(OSError):
             fd = os.open(os.path.join(self.dir, "readers.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
@@ -199,13 +201,13 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 def intervals_from_log(path: str) -> list[tuple[float, float]]:
     """(acquire, release) pairs per holder from a readers.log."""
-    open_: dict[tuple[str, int, int], float] = {}
+    open_: dict[tuple, float] = {}
     out = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             with contextlib.suppress(ValueError, KeyError):
                 r = json.loads(line)
-                key = (r["host"], r["pid"], r["slot"])
+                key = (r["token"],) if "token" in r else (r["host"], r["pid"], r["slot"])
                 if r["event"] == "acquire":
                     open_[key] = r["t"]
                 elif r["event"] == "release" and key in open_:
