@@ -36,10 +36,18 @@ def llmfleet_pick(hostvars_of_one: Mapping, keys: list) -> dict:
     return {k: hostvars_of_one.get(k) for k in keys}
 
 
-def llmfleet_collcheck_verdict(by_node: Mapping) -> dict:
+def llmfleet_gpu_model(hostvars_of_one: Mapping) -> str | None:
+    """GPU model of a node from the topology role's facts (None before topology ran)."""
+    gpus = ((hostvars_of_one.get("ansible_facts") or {}).get("llmfleet_topology") or {}).get("gpus") or []
+    return gpus[0].get("model") if gpus else None
+
+
+def llmfleet_collcheck_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: int = 0,
+                               models: Mapping | None = None) -> dict:  # fmt: skip
     """Verdict of the three phases from every node's results: {node: {_nccl_check_single,
-    _nccl_check_full, _nccl_check_pairs}} -> ok, culprit ranks, bad nodes/links, one line each."""
-    from llmfleet.collcheck import isolate, judge
+    _nccl_check_full, _nccl_check_pairs}} -> ok, culprit ranks, bad/slow nodes, bad links, one line each.
+    floors: {GPU model substring: GB/s} for the single-node all_reduce busbw at ref_bytes."""
+    from llmfleet.collcheck import isolate, judge, slow_nodes
 
     single = {n: bool((v.get("_nccl_check_single") or {}).get("ok")) for n, v in by_node.items()}
     full_ranks = [r for v in by_node.values() for r in (v.get("_nccl_check_full") or {}).get("ranks", [])]
@@ -54,7 +62,13 @@ def llmfleet_collcheck_verdict(by_node: Mapping) -> dict:
         if pairs
         else {"bad_nodes": sorted(n for n, ok in single.items() if not ok), "bad_links": []}
     )
-    ok = all(single.values()) and full["ok"]
+    slow = slow_nodes(
+        {n: (v.get("_nccl_check_single") or {}).get("ranks", []) for n, v in by_node.items()},
+        dict(floors or {}),
+        dict(models or {}),
+        int(ref_bytes),
+    )
+    ok = all(single.values()) and full["ok"] and not slow
     lines = [
         "phase 1 (each node alone): " + ", ".join(f"{n} {'PASS' if o else 'FAIL'}" for n, o in sorted(single.items())),
         f"phase 2 (full world, {len(full_ranks)} ranks): {full['verdict']}",
@@ -72,9 +86,11 @@ def llmfleet_collcheck_verdict(by_node: Mapping) -> dict:
         culprits.append(f"bad link(s): {', '.join(iso['bad_links'])}")
     if full["missing_ranks"]:
         culprits.append(f"rank(s) {full['missing_ranks']} never arrived")
+    for n, why in sorted(slow.items()):
+        culprits.append(f"slow node {n}: {why}")
     verdict = "PASS: every phase exact" if ok else "FAIL: " + ("; ".join(culprits) or full["verdict"])
     lines.append("verdict: " + verdict)
-    return {"ok": ok, "verdict": verdict, "lines": lines, "single": single, "full": full,
+    return {"ok": ok, "verdict": verdict, "lines": lines, "single": single, "full": full, "slow_nodes": slow,
             "pairs": [{"pair": list(k), "ok": v} for k, v in sorted(pairs.items())], **iso,
             "ranks": full_ranks}  # fmt: skip
 
@@ -86,4 +102,5 @@ class FilterModule:
             "llmfleet_pair_rounds": llmfleet_pair_rounds,
             "llmfleet_pick": llmfleet_pick,
             "llmfleet_collcheck_verdict": llmfleet_collcheck_verdict,
+            "llmfleet_gpu_model": llmfleet_gpu_model,
         }

@@ -29,6 +29,7 @@ options:
   deadline: {description: Outer watchdog per rank (s)., type: float, default: 120}
   corrupt_rank: {description: Fault injection - this global rank contributes a wrong value., type: int, default: -1}
   delay_ranks: {description: "Fault injection - {global rank: seconds} to start late.", type: dict, default: {}}
+  numa_nodes: {description: "NUMA node of each local rank's GPU (from topology facts); ranks are bound with numactl when installed.", type: list, elements: raw, default: []}
 author: llmfleet developers
 """
 
@@ -77,6 +78,7 @@ def build_module() -> AnsibleModule:
             "deadline": {"type": "float", "default": 120},
             "corrupt_rank": {"type": "int", "default": -1},
             "delay_ranks": {"type": "dict", "default": {}},
+            "numa_nodes": {"type": "list", "elements": "raw", "default": []},
         },
         supports_check_mode=True,
     )
@@ -100,6 +102,7 @@ def run(module: AnsibleModule) -> None:
         "args": args,
         "deadline": p["deadline"],
         "delay_ranks": {str(k): v for k, v in p["delay_ranks"].items()},
+        "numa_nodes": [None if n in (None, "") else int(n) for n in p["numa_nodes"]],
     }
     ranks = run_node_ranks(spec)
     module.exit_json(changed=False, ranks=ranks, ok=all(r.get("ok") for r in ranks))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -527,17 +528,47 @@ def run_node_ranks(spec: dict[str, Any]) -> list[dict[str, Any]]:
     if spec.get("pythonpath"):
         env["PYTHONPATH"] = spec["pythonpath"] + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     procs = []
+    numactl = shutil.which("numactl")
     for rank, local in spec["ranks"]:
-        argv = [spec["python"], "-m", "llmfleet.collcheck", "rank", "--rank", str(rank), "--world", str(spec["world"]),
-                "--local-rank", str(local), "--master", spec["master"], "--port", str(spec["port"]),
-                "--deadline", str(spec["deadline"]), *spec.get("args", [])]  # fmt: skip
-        delay = (spec.get("delay_ranks") or {}).get(str(rank))
-        if delay:
-            argv += ["--delay-start", str(delay)]
+        argv = rank_argv(spec, rank, local, numactl)
         procs.append((rank, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)))
     out = collect(procs, spec["deadline"] + 15)
     for res in out:
         res["node"] = socket.gethostname()
+    return out
+
+
+def rank_argv(spec: dict[str, Any], rank: int, local: int, numactl: str | None) -> list[str]:
+    """The command of one rank; bound to its GPU's NUMA node (CPUs and memory) when the topology
+    gave one (spec['numa_nodes'][local]) and numactl is installed, as engines pin their ranks."""
+    argv = [spec["python"], "-m", "llmfleet.collcheck", "rank", "--rank", str(rank), "--world", str(spec["world"]),
+            "--local-rank", str(local), "--master", spec["master"], "--port", str(spec["port"]),
+            "--deadline", str(spec["deadline"]), *spec.get("args", [])]  # fmt: skip
+    delay = (spec.get("delay_ranks") or {}).get(str(rank))
+    if delay:
+        argv += ["--delay-start", str(delay)]
+    numa = spec.get("numa_nodes") or []
+    if numactl and local < len(numa) and numa[local] is not None:
+        argv = [numactl, f"--cpunodebind={numa[local]}", f"--membind={numa[local]}", *argv]
+    return argv
+
+
+def slow_nodes(single: dict[str, list[dict[str, Any]]], floors: dict[str, float], models: dict[str, str | None],
+               ref_bytes: int) -> dict[str, str]:  # fmt: skip
+    """Nodes whose single-node all_reduce busbw at the reference size is below the floor for their
+    GPU model: {node: reason}. A model with no floor (or no measurement at that size) is not judged."""
+    out = {}
+    for node, ranks in single.items():
+        model = models.get(node) or ""
+        # longest name first: "H200" must not be judged by the "H20" floor
+        names = sorted((n for n in floors if n), key=len, reverse=True)
+        floor = next((floors[n] for n in names if n.lower() in model.lower()), None)
+        if floor is None or not ranks:
+            continue
+        got = [x["busbw_GBps"] for x in ranks[0].get("results", []) if x.get("op") == "all_reduce"
+               and x.get("bytes") == ref_bytes and "busbw_GBps" in x]  # fmt: skip
+        if got and min(got) < floor:
+            out[node] = f"all_reduce busbw {min(got):.0f} GB/s at {ref_bytes} B < floor {floor:.0f} GB/s for {model}"
     return out
 
 

@@ -151,3 +151,38 @@ def test_verdict_filter():
                                                     "stalled": {"0": "rendezvous", "1": "missing"}}]}  # fmt: skip
     v = llmfleet_collcheck_verdict(by_node)
     assert not v["ok"] and "rank(s) [1] never arrived" in v["verdict"]
+
+
+def test_ranks_are_bound_to_their_gpus_numa_node_when_known():
+    spec = {"python": "/py", "world": 16, "master": "10.0.0.1", "port": 29600, "deadline": 60, "args": ["--backend", "nccl"],
+            "numa_nodes": [0, 0, 0, 0, 1, 1, 1, 1]}  # fmt: skip
+    argv = collcheck.rank_argv(spec, 13, 5, "/usr/bin/numactl")
+    assert argv[:3] == ["/usr/bin/numactl", "--cpunodebind=1", "--membind=1"]
+    assert argv[3:9] == ["/py", "-m", "llmfleet.collcheck", "rank", "--rank", "13"]
+    assert collcheck.rank_argv(spec, 13, 5, None)[0] == "/py"  # no numactl: unbound, not an error
+    assert collcheck.rank_argv({**spec, "numa_nodes": []}, 1, 1, "/usr/bin/numactl")[0] == "/py"
+    assert collcheck.rank_argv({**spec, "numa_nodes": [None]}, 0, 0, "/usr/bin/numactl")[0] == "/py"
+
+
+def _single(busbw):
+    return [{"results": [{"op": "all_reduce", "bytes": 2**30, "busbw_GBps": busbw, "wrong": 0}]}]
+
+
+def test_slow_node_is_named_by_its_models_floor():
+    floors = {"H20": 300, "H200": 400}
+    single = {"n1": _single(455.0), "n2": _single(380.0), "n3": _single(310.0), "n4": _single(100.0)}
+    models = {"n1": "NVIDIA H200", "n2": "NVIDIA H200", "n3": "NVIDIA H20", "n4": "Tesla T4"}
+    slow = collcheck.slow_nodes(single, floors, models, 2**30)
+    assert list(slow) == ["n2"]  # H200 judged by its own floor, not H20's; a model without a floor is not judged
+    assert "380 GB/s" in slow["n2"] and "floor 400" in slow["n2"]
+    assert collcheck.slow_nodes(single, {}, models, 2**30) == {}
+
+
+def test_verdict_fails_on_a_slow_node():
+    from llmfleet_filters import llmfleet_collcheck_verdict
+
+    ok = {"ok": True, "wrong": 0}
+    by_node = {n: {"_nccl_check_single": {"ok": True, "ranks": _single(b)}, "_nccl_check_full": {"ranks": [{"rank": i, **ok}]},
+                   "_nccl_check_pairs": []} for i, (n, b) in enumerate((("n1", 450.0), ("n2", 250.0)))}  # fmt: skip
+    v = llmfleet_collcheck_verdict(by_node, {"H200": 400}, 2**30, {"n1": "NVIDIA H200", "n2": "NVIDIA H200"})
+    assert not v["ok"] and list(v["slow_nodes"]) == ["n2"] and "slow node n2" in v["verdict"]
