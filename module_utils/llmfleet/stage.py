@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from .checkpoint import HEX40, verify_structure
+from .checkpoint import HEX40, sha256_file, verify_structure
 
 JOURNAL = ".llmfleet-journal"
 CHUNK = 16 * 1024 * 1024
@@ -38,6 +38,10 @@ GiB = 1024**3
 
 class StageError(RuntimeError):
     """Staging cannot go on; the message names the node, file and what to do."""
+
+
+class DiskFullError(StageError):
+    """ENOSPC while copying: no other source can help, so staging stops at once."""
 
 
 @dataclass
@@ -272,7 +276,7 @@ def fetch_file(
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # on ENOSPC this frees the space the failed copy took
         if e.errno == errno.ENOSPC:
-            raise StageError(
+            raise DiskFullError(
                 f"{socket.gethostname()}: disk full while copying {rel} into {partial}: the previous revision and "
                 "`current` are untouched; free space (or lower model_stage_keep) and rerun: verified files are kept"
             ) from None
@@ -328,11 +332,8 @@ def published_ok(mdir: str, revision: str, manifest: dict[str, Any], deep: bool)
         same = e is not None and same_hash and e.get("mtime_ns") == st.st_mtime_ns
         if not same or st.st_size != want["size"]:
             bad.append(rel)
-        elif deep:
-            from .checkpoint import sha256_file
-
-            if sha256_file(path) != want["sha256"]:
-                bad.append(rel)
+        elif deep and sha256_file(path) != want["sha256"]:
+            bad.append(rel)
     return bad
 
 
@@ -607,10 +608,10 @@ def _copy_all(todo, partial, journal, progress, threads, *, sources, on_source_p
                 else:
                     fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit)
                 return
+            except DiskFullError:
+                raise
             except StageError as e:
                 last = e
-                if "disk full" in str(e):
-                    raise
         raise last or StageError(f"{want['path']}: no source to copy from")
 
     # Largest first: the long copies start early and the tail is short.
