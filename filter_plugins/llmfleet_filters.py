@@ -95,6 +95,75 @@ def llmfleet_collcheck_verdict(by_node: Mapping, floors: Mapping | None = None, 
             "ranks": full_ranks}  # fmt: skip
 
 
+def llmfleet_engine_plan(spec: Mapping, node_rank: int) -> dict:
+    """Everything one node's unit needs: argv, the ExecStart line, the READY rule, whether it serves
+    the API, ranks per node and the loader fan-out. Errors name the variable to fix."""
+    from llmfleet.engine import (
+        PlanError,
+        check_layout,
+        loader_fanout,
+        ready_rule,
+        render_argv,
+        serves_api,
+        shell_line,
+        systemd_command_line,
+    )
+
+    spec = dict(spec)
+    rank = int(node_rank)
+    try:
+        argv = render_argv(spec, rank)
+        nnodes = 1 if spec["profile"] == "vllm_pd" else int(spec.get("nnodes") or 1)
+        rpn = check_layout(int(spec.get("tp") or 1), int(spec.get("pp") or 1), nnodes)
+    except PlanError as e:
+        raise AnsibleFilterError(str(e)) from e
+    threads = spec.get("loader_threads") or None
+    return {
+        "argv": argv,
+        "exec_line": systemd_command_line(argv),
+        "shell_line": shell_line(argv),
+        "ready": ready_rule(spec["profile"], rank, nnodes, rpn, argv),
+        "serves_api": serves_api(spec["profile"], rank),
+        "ranks_per_node": rpn,
+        "nnodes": nnodes,
+        "fanout": loader_fanout(
+            spec["profile"], nnodes, rpn, int(threads) if threads else None, bool(spec.get("shared_storage"))
+        ),
+    }
+
+
+def llmfleet_systemd_line(argv: list) -> str:
+    """ExecStart words for argv (quoted for systemd, % and $ escaped)."""
+    from llmfleet.engine import systemd_command_line
+
+    return systemd_command_line([str(a) for a in argv])
+
+
+def llmfleet_cache_env(cache_dir: str) -> dict:
+    """Environment that points every JIT/compile cache into the fingerprint directory."""
+    from llmfleet.engine import cache_env
+
+    return cache_env(str(cache_dir))
+
+
+def llmfleet_ssh_argv(hostvars_of_one: Mapping, name: str) -> list:
+    """OpenSSH argv that reaches a host the way Ansible does (for controller-side gates)."""
+    from llmfleet.gate import ssh_argv
+
+    keys = ("ansible_host", "ansible_user", "ansible_port", "ansible_ssh_private_key_file",
+            "ansible_ssh_common_args", "ansible_ssh_extra_args")  # fmt: skip
+    host = {k: hostvars_of_one.get(k) for k in keys}
+    host["inventory_hostname"] = name
+    return ssh_argv(host)
+
+
+def llmfleet_gate_groups(hostvars: Mapping, nodes: list, separate: bool = False) -> list:
+    """Readiness-gate instances: [[{name, rank, ssh}, ...]] in node-rank order; with separate (P/D),
+    every node is an instance of its own (its own head)."""
+    rows = [{"name": n, "rank": i, "ssh": llmfleet_ssh_argv(hostvars[n], n)} for i, n in enumerate(nodes)]
+    return [[dict(r, rank=0)] for r in rows] if separate else [rows]
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -103,4 +172,9 @@ class FilterModule:
             "llmfleet_pick": llmfleet_pick,
             "llmfleet_collcheck_verdict": llmfleet_collcheck_verdict,
             "llmfleet_gpu_model": llmfleet_gpu_model,
+            "llmfleet_engine_plan": llmfleet_engine_plan,
+            "llmfleet_systemd_line": llmfleet_systemd_line,
+            "llmfleet_ssh_argv": llmfleet_ssh_argv,
+            "llmfleet_cache_env": llmfleet_cache_env,
+            "llmfleet_gate_groups": llmfleet_gate_groups,
         }

@@ -20,3 +20,7 @@ if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
 
 pytest_plugins = ["tests.unit.module_utils"]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/unit/golden/ from the code")

@@ -225,10 +225,18 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--check", action="store_true", help="say what would be copied, change nothing")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_stage)
+
+    # Listed for --help only: main() hands `exec` its raw argv (everything after `--` is the engine's).
+    sub.add_parser("exec", help="run an engine as a unit's main process (llmfleet exec [options] -- CMD...)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "exec":
+        from .wrapper import main as exec_main
+
+        return exec_main(argv[1:])
     ap = build_parser()
     args = ap.parse_args(argv)
     if not getattr(args, "func", None):

@@ -1,0 +1,137 @@
+#!/usr/bin/python
+"""Ansible module: fingerprint of an engine launch and its compile-cache directory on this node."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_facts
+short_description: Fingerprint an engine launch and prepare its compile-cache directory
+description:
+  - Collects what JIT and compile caches are valid for (engine and kernel-library versions as the
+    engine's Python sees them, torch's CUDA, the GPU driver and compute capability, TP/PP, the model
+    revision and quantization), hashes it, creates I(cache_root)/<fingerprint> owned by I(owner) and
+    removes older fingerprints beyond I(keep) unless a running process has them open.
+options:
+  engine_python: {description: The engine's Python., type: path, required: true}
+  engine: {description: Engine name (profile)., type: str, required: true}
+  engine_version: {description: Version to use instead of the installed package's (e.g. an image digest)., type: str}
+  model_path: {description: The model directory the engine loads., type: path, required: true}
+  tp: {description: Tensor-parallel size., type: int, required: true}
+  pp: {description: Pipeline-parallel size., type: int, required: true}
+  extra: {description: More fingerprint inputs (kernel parameters)., type: raw}
+  cache_root: {description: Per-deployment cache root on NVMe., type: path, required: true}
+  keep: {description: Fingerprint directories kept (the current one counts)., type: int, default: 2}
+  owner: {description: User the engine runs as., type: str, required: true}
+  group: {description: Its group., type: str, required: true}
+author: llmfleet developers
+"""
+
+EXAMPLES = r"""
+- name: Fingerprint
+  engine_facts:
+    engine_python: /opt/sglang/bin/python
+    engine: sglang
+    model_path: /mnt/nvme/models/qwen/current
+    tp: 8
+    pp: 4
+    cache_root: /mnt/nvme/llmfleet/cache/qwen
+    owner: llmfleet
+    group: llmfleet
+"""
+
+RETURN = r"""
+fingerprint: {description: 16 hex digits., returned: success, type: str}
+inputs: {description: What was hashed., returned: success, type: dict}
+cache_dir: {description: The directory for this fingerprint., returned: success, type: str}
+removed: {description: Old fingerprint directories removed., returned: success, type: list}
+"""
+
+import grp
+import os
+import pwd
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet.engine import (
+    PlanError,
+    engine_versions,
+    fingerprint,
+    gpu_facts,
+    model_identity,
+    prepare_cache,
+)
+
+
+def open_dirs_under(root: str) -> set[str]:
+    """Fingerprint directories a running process has as cwd or open files in (never GC those)."""
+    used: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/cwd")]
+            links += [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        for link in links:
+            if link.startswith(root.rstrip("/") + "/"):
+                used.add(os.path.join(root, link[len(root.rstrip("/")) + 1 :].split("/", 1)[0]))
+    return used
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "engine_python": {"type": "path", "required": True},
+            "engine": {"type": "str", "required": True},
+            "engine_version": {"type": "str"},
+            "model_path": {"type": "path", "required": True},
+            "tp": {"type": "int", "required": True},
+            "pp": {"type": "int", "required": True},
+            "extra": {"type": "raw"},
+            "cache_root": {"type": "path", "required": True},
+            "keep": {"type": "int", "default": 2},
+            "owner": {"type": "str", "required": True},
+            "group": {"type": "str", "required": True},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        uid, gid = pwd.getpwnam(p["owner"]).pw_uid, grp.getgrnam(p["group"]).gr_gid
+    except KeyError as e:
+        module.fail_json(msg=f"engine user/group not found on this node: {e}; run the base role first")
+    if not os.path.isdir(p["model_path"]):
+        module.fail_json(msg=f"engine_model_path {p['model_path']} is not a directory on this node; stage it first")
+    try:
+        vers = engine_versions(p["engine_python"])
+        gpu = gpu_facts()
+    except PlanError as e:
+        module.fail_json(msg=str(e))
+    ident = model_identity(p["model_path"])
+    pkg = "sglang" if p["engine"] == "sglang" else "vllm" if p["engine"].startswith("vllm") else p["engine"]
+    inputs = {
+        "engine": p["engine"],
+        "engine_version": p["engine_version"] or vers["versions"].get(pkg) or "unknown",
+        "kernel_libs": {k: v for k, v in sorted(vers["versions"].items()) if k != pkg},
+        "cuda": vers.get("cuda") or "none",
+        "driver": gpu["driver"],
+        "compute_capability": gpu["compute_capability"],
+        "tp": p["tp"],
+        "pp": p["pp"],
+        "model_revision": ident["model_revision"],
+        "quantization": ident["quantization"],
+        "extra": p["extra"],
+    }
+    fp = fingerprint(inputs)
+    in_use = open_dirs_under(p["cache_root"])
+    cache = prepare_cache(p["cache_root"], fp, p["keep"], uid=uid, gid=gid, in_use=in_use, check=module.check_mode)
+    module.exit_json(
+        changed=bool(cache["created"] or cache["removed"]),
+        fingerprint=fp,
+        inputs=inputs,
+        model_real_path=ident["model_real_path"],
+        **cache,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,422 @@
+"""Engine launch plans: the command line each node runs (SGLang, vLLM, vLLM P/D, custom), when a
+node counts as up, the compile-cache fingerprint, the loader fan-out, engine-flag checks against the
+engine's own --help, and systemd ExecStart quoting.
+
+Pure functions over plain data (stdlib only): the engine role's modules and filters call them, and
+the golden tests pin the command lines they render for the field reports' deployments.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+import shlex
+from typing import Any
+
+PROFILES = ("sglang", "vllm", "vllm_pd", "custom")
+DEFAULT_PORT = {"sglang": 30000, "vllm": 8000, "vllm_pd": 8000, "custom": 8000}
+DEFAULT_COMMAND = {"sglang": ["sglang", "serve"], "vllm": ["vllm", "serve"], "vllm_pd": ["vllm", "serve"]}
+HELP_ARGS = {"sglang": ["--help"], "vllm": ["--help=all"], "vllm_pd": ["--help=all"], "custom": ["--help"]}
+# Loader threads per rank when the deployment does not say: SGLang enables its multithread loader
+# with 8 threads by default (seed 000 section 7.2.2), vLLM's default loader reads with one.
+DEFAULT_LOADER_THREADS = {"sglang": 8, "vllm": 1, "vllm_pd": 1, "custom": 1}
+
+# Log phrases that mean "this node's part is up" (the wrapper counts matches and sends READY=1).
+SERVING_RE = {
+    "sglang": r"The server is fired up and ready to roll!",
+    "vllm": r"Application startup complete",
+}
+RANK_WARM_RE = {"sglang": r"Capture cuda graph end", "vllm": r"Graph capturing finished"}
+RANK_LOADED_RE = {"sglang": r"Load weight end", "vllm": r"Model loading took"}
+NO_GRAPH_FLAGS = {"sglang": "--disable-cuda-graph", "vllm": "--enforce-eager"}
+
+
+class PlanError(ValueError):
+    """A deployment that cannot be rendered; the message names the variable and the fix."""
+
+
+def _flavour(profile: str) -> str:
+    return "sglang" if profile == "sglang" else "vllm"
+
+
+def check_layout(tp: int, pp: int, nnodes: int, gpus_per_node: int | None = None) -> int:
+    """Ranks per node for TP x PP over nnodes (both engines put TP inside a node, PP across)."""
+    if tp < 1 or pp < 1 or nnodes < 1:
+        raise PlanError(f"engine_tp_size={tp}, engine_pp_size={pp}, nodes={nnodes}: all must be >= 1")
+    world = tp * pp
+    if world % nnodes:
+        raise PlanError(
+            f"TP{tp} x PP{pp} = {world} ranks cannot be split evenly over {nnodes} nodes: "
+            "set engine_tp_size / engine_pp_size so tp x pp is a multiple of the node count"
+        )
+    rpn = world // nnodes
+    if gpus_per_node is not None and gpus_per_node and rpn > gpus_per_node:
+        raise PlanError(f"{rpn} ranks per node but the nodes have {gpus_per_node} GPUs: lower tp x pp or add nodes")
+    return rpn
+
+
+def _loader_config(profile: str, threads: int | None) -> list[str]:
+    if threads is None:
+        return []
+    cfg = (
+        {"enable_multithread_load": threads > 1, "num_threads": threads}
+        if threads > 1
+        else {"enable_multithread_load": False}
+    )
+    return ["--model-loader-extra-config", json.dumps(cfg, separators=(", ", ": "))]
+
+
+def _or1(v: Any) -> Any:
+    return 1 if v is None or v == "" else v
+
+
+def render_argv(spec: dict[str, Any], node_rank: int) -> list[str]:
+    """The argv one node runs. spec keys: profile, command, model_path, served_model_name, tp, pp,
+    nnodes, head_addr, dist_port, host, port, dist_timeout, context_length, loader_threads,
+    extra_args, kv_transfer_config (vllm_pd), custom_argv (custom)."""
+    profile = spec.get("profile")
+    if profile not in PROFILES:
+        raise PlanError(f"engine_profile={profile!r}: choose one of {', '.join(PROFILES)}")
+    extra = [str(a) for a in spec.get("extra_args") or []]
+    if profile == "custom":
+        argv = [str(a) for a in spec.get("custom_argv") or []]
+        if not argv:
+            raise PlanError("engine_profile=custom needs engine_custom_argv (the full command as a list)")
+        return argv + extra
+    command = [str(c) for c in (spec.get("command") or DEFAULT_COMMAND[profile])]
+    model = spec.get("model_path")
+    if not model:
+        raise PlanError("engine_model_path is empty: point it at the staged revision (<root>/<model>/current)")
+    tp, pp = int(_or1(spec.get("tp"))), int(_or1(spec.get("pp")))
+    nnodes = 1 if profile == "vllm_pd" else int(_or1(spec.get("nnodes")))
+    check_layout(tp, pp, nnodes)
+    if not 0 <= node_rank < nnodes:
+        raise PlanError(f"node rank {node_rank} outside 0..{nnodes - 1}")
+    multi = nnodes > 1
+    head_addr, dist_port = spec.get("head_addr"), spec.get("dist_port")
+    if multi and (not head_addr or not dist_port):
+        raise PlanError("a multi-node deployment needs the head's fabric address and engine_dist_port")
+    name = spec.get("served_model_name")
+    timeout, ctx = spec.get("dist_timeout"), spec.get("context_length")
+    host, port = spec.get("host"), spec.get("port")
+    listen = (["--host", str(host)] if host else []) + (["--port", str(port)] if port else [])
+    if profile == "sglang":
+        argv = [*command, "--model-path", str(model)]
+        argv += ["--served-model-name", str(name)] if name else []
+        argv += ["--tp-size", str(tp)] + (["--pp-size", str(pp)] if pp > 1 else [])
+        if multi:
+            argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank)]
+            argv += ["--dist-init-addr", f"{head_addr}:{dist_port}"]
+        argv += ["--dist-timeout", str(timeout)] if timeout else []
+        argv += ["--context-length", str(ctx)] if ctx else []
+        argv += _loader_config(profile, spec.get("loader_threads"))
+        # Non-head SGLang nodes still bind --port for their dummy health server.
+        return argv + extra + listen
+    return _vllm_argv(profile, spec, command, str(model), node_rank, nnodes, extra, listen)
+
+
+def _vllm_argv(  # noqa: PLR0917 (private helper of render_argv)
+    profile: str, spec: dict[str, Any], command: list[str], model: str, node_rank: int, nnodes: int,
+    extra: list[str], listen: list[str],
+) -> list[str]:  # fmt: skip
+    tp, pp = int(_or1(spec.get("tp"))), int(_or1(spec.get("pp")))
+    multi = nnodes > 1
+    name, timeout, ctx = spec.get("served_model_name"), spec.get("dist_timeout"), spec.get("context_length")
+    headless = multi and node_rank > 0
+    argv = [*command, model]
+    argv += ["--served-model-name", str(name)] if name else []
+    argv += ["--tensor-parallel-size", str(tp)] + (["--pipeline-parallel-size", str(pp)] if pp > 1 else [])
+    if multi:
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank)]
+        argv += ["--master-addr", str(spec.get("head_addr")), "--master-port", str(spec.get("dist_port"))]
+        argv += ["--headless"] if headless else []
+    argv += ["--distributed-timeout-seconds", str(timeout)] if timeout else []
+    argv += ["--max-model-len", str(ctx)] if ctx else []
+    argv += _loader_config(profile, spec.get("loader_threads"))
+    argv += extra
+    if profile == "vllm_pd":
+        kv = spec.get("kv_transfer_config") or {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        argv += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+    return argv + ([] if headless else listen)
+
+
+def ready_rule(profile: str, node_rank: int, nnodes: int, ranks_per_node: int, argv: list[str]) -> dict:
+    """When the wrapper may send READY=1 for this node: the head when it serves; another node when
+    each of its local ranks is warm (CUDA graphs captured) or loaded when graphs are off."""
+    flavour = _flavour(profile)
+    if profile == "custom":
+        return {"regex": SERVING_RE["vllm"] + "|" + SERVING_RE["sglang"], "count": 1}
+    if node_rank == 0 or profile == "vllm_pd":
+        return {"regex": SERVING_RE[flavour], "count": 1}
+    per_rank = RANK_LOADED_RE if NO_GRAPH_FLAGS[flavour] in argv else RANK_WARM_RE
+    return {"regex": per_rank[flavour], "count": max(1, ranks_per_node)}
+
+
+def serves_api(profile: str, node_rank: int) -> bool:
+    """Whether this node answers the OpenAI API (SGLang workers only fake /health)."""
+    return node_rank == 0 or profile == "vllm_pd"
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine flags against the engine's own --help
+
+
+_LONG = re.compile(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_.-]*)")
+_SHORT = re.compile(r"(?:^|[\s,\[{|])(-[A-Za-z][A-Za-z0-9]{0,3})(?=[\s,\]}|=]|$)")
+
+
+def parse_help_flags(text: str) -> set[str]:
+    """Every option an argparse-style --help lists (long options anywhere, short ones on option lines)."""
+    flags = set(_LONG.findall(text))
+    for line in text.splitlines():
+        if line.lstrip().startswith("-"):
+            flags.update(_SHORT.findall(line))
+    flags.discard("--")
+    return flags
+
+
+def argv_flags(argv: list[str], skip: int = 0) -> list[str]:
+    """Option names used in argv (values skipped; --x=y counts as --x; negative numbers ignored)."""
+    out = []
+    for tok in argv[skip:]:
+        if not tok.startswith("-") or tok == "-" or re.fullmatch(r"-\d+(\.\d+)?", tok):
+            continue
+        out.append(tok.split("=", 1)[0])
+    return out
+
+
+def unknown_flags(argv: list[str], help_text: str, skip: int = 0) -> list[dict[str, Any]]:
+    """Flags in argv the engine's help does not list, each with did-you-mean suggestions."""
+    known = parse_help_flags(help_text)
+    problems = []
+    for flag in argv_flags(argv, skip):
+        if flag in known:
+            continue
+        close = difflib.get_close_matches(flag, sorted(known), n=3, cutoff=0.6)
+        problems.append({"flag": flag, "did_you_mean": close})
+    return problems
+
+
+def describe_unknown(problems: list[dict[str, Any]], engine: str) -> str:
+    parts = []
+    for p in problems:
+        hint = f" (did you mean {' or '.join(p['did_you_mean'])}?)" if p["did_you_mean"] else ""
+        parts.append(f"{p['flag']}{hint}")
+    return (
+        f"{engine} does not accept: {'; '.join(parts)}. The flags come from the engine's own --help on the head; "
+        "fix engine_extra_args (or the engine version) before starting 8 GPUs x N nodes for minutes"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile caches, loader fan-out
+
+
+FINGERPRINT_KEYS = (
+    "engine",
+    "engine_version",
+    "kernel_libs",
+    "cuda",
+    "driver",
+    "compute_capability",
+    "tp",
+    "pp",
+    "model_revision",
+    "quantization",
+    "extra",
+)
+
+
+def fingerprint(inputs: dict[str, Any]) -> str:
+    """16 hex digits over the things a JIT/compile cache is only valid for (seed 000 section 7.2.2:
+    engine commit + kernel libs + CUDA/driver + GPU compute capability + TP + revision/quantization)."""
+    canon = {k: inputs.get(k) for k in FINGERPRINT_KEYS}
+    return hashlib.sha256(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# Every JIT/compile cache the engines and their kernel libraries write, pointed into one directory
+# per fingerprint (defaults are scattered under ~/.cache and /tmp and survive incompatible upgrades).
+CACHE_ENV = {
+    "XDG_CACHE_HOME": "xdg",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "DG_JIT_CACHE_DIR": "deep_gemm",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+    "TVM_FFI_CACHE_DIR": "tvm-ffi",
+    "VLLM_CACHE_ROOT": "vllm",
+}
+
+
+def cache_env(cache_dir: str) -> dict[str, str]:
+    return {var: f"{cache_dir.rstrip('/')}/{sub}" for var, sub in CACHE_ENV.items()}
+
+
+def loader_fanout(
+    profile: str, nnodes: int, ranks_per_node: int, threads: int | None, shared_storage: bool
+) -> dict[str, Any]:
+    """Concurrent readers of the model files at load time (seed 000: 8 ranks x 8 threads = 64-way)."""
+    t = threads if threads is not None else DEFAULT_LOADER_THREADS.get(profile, 1)
+    per_node = ranks_per_node * t
+    total = per_node * (nnodes if shared_storage else 1)
+    where = "shared storage" if shared_storage else "each node's local disk"
+    return {
+        "threads_per_rank": t,
+        "per_node": per_node,
+        "readers": total,
+        "where": where,
+        "formula": (f"{nnodes} nodes x " if shared_storage else "")
+        + f"{ranks_per_node} ranks x {t} loader threads = {total} concurrent readers of {where}",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# systemd
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart word (not the first: its prefix characters are special): systemd expands
+    %specifiers and $VARS and splits on spaces, so escape % and $ always and double-quote anything
+    beyond a safe set (C-style escapes inside quotes)."""
+    s = str(arg).replace("%", "%%").replace("$", "$$")
+    if s and re.fullmatch(r"[A-Za-z0-9_@+=:,./%$-]+", s):
+        return s
+    s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{s}"'
+
+
+def systemd_command_line(argv: list[str]) -> str:
+    return " ".join(systemd_quote(a) for a in argv)
+
+
+def shell_line(argv: list[str]) -> str:
+    return shlex.join(str(a) for a in argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# Node side: fingerprint inputs, the cache directory, the engine's --help
+
+
+KERNEL_LIBS = (
+    "sglang",
+    "vllm",
+    "sgl-kernel",
+    "flashinfer-python",
+    "deep-gemm",
+    "deep_gemm",
+    "triton",
+    "torch",
+    "apache-tvm-ffi",
+    "xformers",
+    "nixl",
+)
+_VERSIONS_PY = (
+    "import json, importlib.metadata as m\n"
+    "v = {}\n"
+    "for p in %r:\n"
+    "    try: v[p] = m.version(p)\n"
+    "    except Exception: pass\n"
+    "cuda = None\n"
+    "try:\n"
+    "    import torch; cuda = torch.version.cuda\n"
+    "except Exception: pass\n"
+    "print(json.dumps({'versions': v, 'cuda': cuda}))\n"
+)
+
+
+def _run(argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
+    import subprocess
+
+    try:
+        p = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, env=env)
+    except FileNotFoundError:
+        return 127, f"{argv[0]}: not found"
+    except PermissionError:
+        return 126, f"{argv[0]}: not executable"
+    except subprocess.TimeoutExpired:
+        return 124, f"{' '.join(argv[:3])} did not finish within {timeout:.0f} s"
+    return p.returncode, p.stdout + p.stderr
+
+
+def engine_versions(python: str, timeout: float = 120) -> dict[str, Any]:
+    """Kernel-library versions and torch's CUDA as the engine's own Python sees them."""
+    rc, out = _run([python, "-c", _VERSIONS_PY % (KERNEL_LIBS,)], timeout)
+    if rc != 0:
+        raise PlanError(f"engine_python {python} could not report package versions: {out.strip()[-300:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def gpu_facts(timeout: float = 30) -> dict[str, Any]:
+    """Driver and compute capabilities (nvidia-smi); 'none' on hosts without GPUs (the lab)."""
+    import shutil
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {"driver": "none", "compute_capability": "none"}
+    rc, out = _run([smi, "--query-gpu=driver_version,compute_cap", "--format=csv,noheader"], timeout)
+    if rc != 0:
+        raise PlanError(f"nvidia-smi failed: {out.strip()[-300:]}")
+    rows = [[c.strip() for c in line.split(",")] for line in out.strip().splitlines() if "," in line]
+    return {
+        "driver": ",".join(sorted({r[0] for r in rows})),
+        "compute_capability": ",".join(sorted({r[1] for r in rows})),
+    }
+
+
+def model_identity(model_path: str) -> dict[str, Any]:
+    """The revision (the directory `current` points at) and the quantization in config.json."""
+    import os
+
+    real = os.path.realpath(model_path)
+    quant = None
+    try:
+        with open(os.path.join(real, "config.json"), encoding="utf-8") as f:
+            qc = (json.load(f) or {}).get("quantization_config") or {}
+        if qc.get("quant_method"):
+            quant = f"{qc['quant_method']}:{qc.get('fmt') or qc.get('weight_block_size') or ''}"
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {"model_revision": os.path.basename(real), "quantization": quant, "model_real_path": real}
+
+
+def prepare_cache(root: str, fp: str, keep: int, *, uid: int, gid: int, in_use: set[str], check: bool) -> dict:
+    """<root>/<fingerprint> for this launch; older fingerprints beyond `keep` (newest first, current
+    counted) are removed unless a running process uses them."""
+    import os
+    import shutil
+
+    path = os.path.join(root, fp)
+    created = not os.path.isdir(path)
+    if not check:
+        os.makedirs(path, mode=0o750, exist_ok=True)
+        for d in (root, path):
+            st = os.stat(d)
+            if (st.st_uid, st.st_gid) != (uid, gid):
+                os.chown(d, uid, gid)
+        os.utime(path)
+    others = []
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            full = os.path.join(root, name)
+            if name != fp and os.path.isdir(full) and re.fullmatch(r"[0-9a-f]{16}", name):
+                others.append((os.stat(full).st_mtime, full))
+    others.sort(reverse=True)
+    removed = []
+    for _, full in others[max(0, keep - 1) :]:
+        if full in in_use:
+            continue
+        removed.append(full)
+        if not check:
+            shutil.rmtree(full, ignore_errors=True)
+    return {"cache_dir": path, "created": created, "removed": removed}
+
+
+def help_text(command: list[str], profile: str, timeout: float = 300) -> str:
+    rc, out = _run(list(command) + HELP_ARGS.get(profile, ["--help"]), timeout)
+    if rc != 0 or not out.strip():
+        raise PlanError(
+            f"`{' '.join(command + HELP_ARGS.get(profile, ['--help']))}` failed (exit {rc}): {out.strip()[-400:]}; "
+            "check engine_command (the engine must be installed on the head)"
+        )
+    return out

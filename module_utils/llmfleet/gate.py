@@ -1,0 +1,478 @@
+"""Readiness gate and ordered stop of a multi-node engine deployment, run from the ops host.
+
+Ready means, in order: every node's unit active (each wrapper sent READY=1 for its part), the head's
+port listening, /v1/models listing the served name, and a deterministic chat completion answered
+correctly. SGLang workers' /health is a dummy that always says 200, so it is never asked.
+
+If a unit fails (failed, waiting to auto-restart, restarted) or the deadline passes, every node is
+stopped head first (SGLang workers wait for rank 0's ShutdownReq), and the first node that failed is
+named with its rank, termination record and journal tail. Nodes are reached with plain OpenSSH
+(the same host, user, port, key and options Ansible uses) and every call has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+PHASE_ORDER = ("started", "dist_init", "dist_ready", "loading", "loaded", "warmup", "warm", "serving")
+SHOW_PROPS = "ActiveState,SubState,Result,NRestarts,ExecMainCode,ExecMainStatus,MainPID,InvocationID"
+DEFAULT_PROMPT = "What is 37\u00d719? Reply with only the number."
+CONTROL_DIR = "/tmp/llmfleet-ansible/cp"  # noqa: S108 (Ansible's control_path_dir, see ansible.cfg)
+
+
+def ssh_argv(host: dict[str, Any]) -> list[str]:
+    """OpenSSH argv prefix for one inventory host (keys as in hostvars: ansible_host, ansible_user,
+    ansible_port, ansible_ssh_private_key_file, ansible_ssh_common_args, ansible_ssh_extra_args)."""
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+    # A master connection per node keeps each poll at a few ms instead of a full handshake.
+    argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={CONTROL_DIR}/gate-%C", "-o", "ControlPersist=120"]
+    for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        if host.get(key):
+            argv += shlex.split(str(host[key]))
+    if host.get("ansible_port"):
+        argv += ["-p", str(host["ansible_port"])]
+    if host.get("ansible_ssh_private_key_file"):
+        argv += ["-i", str(host["ansible_ssh_private_key_file"])]
+    if host.get("ansible_user"):
+        argv += ["-l", str(host["ansible_user"])]
+    argv.append(str(host.get("ansible_host") or host["inventory_hostname"]))
+    return argv
+
+
+class Remote:
+    """Runs shell snippets on one node over SSH with a deadline."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name, self.argv = name, list(argv)
+
+    def run(self, script: str, timeout: float = 30) -> tuple[int, str, str]:
+        os.makedirs(CONTROL_DIR, exist_ok=True)
+        try:
+            p = subprocess.run(
+                [*self.argv, "--", script],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            return 124, "", f"ssh to {self.name} timed out after {timeout:.0f} s"
+        return p.returncode, p.stdout, p.stderr
+
+
+def _parse_show(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def _json_or_none(text: str) -> dict | None:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        val = json.loads(text)
+    except ValueError:
+        return None
+    return val if isinstance(val, dict) else None
+
+
+def probe_script(unit: str, status_file: str) -> str:
+    u, s = shlex.quote(unit), shlex.quote(status_file)
+    show = f"systemctl show {u} --property={SHOW_PROPS} --no-pager"
+    return f"{show}; echo @@status; cat {s} 2>/dev/null; echo; echo @@end"
+
+
+def parse_probe(out: str) -> dict[str, Any]:
+    show, _, rest = out.partition("@@status")
+    status, _, _ = rest.partition("@@end")
+    return {"unit": _parse_show(show), "status": _json_or_none(status)}
+
+
+def phase_rank(phase: str | None) -> int:
+    return PHASE_ORDER.index(phase) if phase in PHASE_ORDER else 0
+
+
+class Node:
+    def __init__(self, spec: dict[str, Any], unit: str, status_file: str, record_file: str) -> None:
+        self.name = spec["name"]
+        self.rank = int(spec["rank"])
+        self.remote = Remote(self.name, spec["ssh"])
+        self.unit, self.status_file, self.record_file = unit, status_file, record_file
+        self.baseline_restarts: int | None = None
+        self.baseline_invocation: str | None = None
+        self.state: dict[str, Any] = {}
+        self.failed_at: float | None = None
+        self.failure: str | None = None
+        self.ready_seen_at: float | None = None
+
+    def probe(self) -> dict[str, Any]:
+        rc, out, err = self.remote.run(probe_script(self.unit, self.status_file), timeout=20)
+        if rc != 0 and "@@status" not in out:
+            return {"error": (err or out).strip()[-300:] or f"ssh exit {rc}"}
+        return parse_probe(out)
+
+
+def _status_for(node: Node, probe: dict[str, Any]) -> dict | None:
+    st = probe.get("status")
+    inv = probe.get("unit", {}).get("InvocationID")
+    if st and inv and st.get("invocation_id") not in (None, inv):
+        return None  # left over from an earlier run of the unit
+    return st
+
+
+def judge_node(node: Node, probe: dict[str, Any]) -> str | None:
+    """None while fine (activating or active); else why this node counts as failed."""
+    if "error" in probe:
+        return None  # one lost poll is not a failure; the deadline bounds a dead node
+    unit = probe["unit"]
+    active, sub = unit.get("ActiveState", ""), unit.get("SubState", "")
+    restarts = int(unit.get("NRestarts") or 0)
+    if node.baseline_restarts is None:
+        node.baseline_restarts = restarts
+    result = unit.get("Result", "")
+    code = f"{unit.get('ExecMainCode', '')}/{unit.get('ExecMainStatus', '')}"
+    if active == "failed":
+        return f"unit failed (Result={result}, main process {code})"
+    if sub == "auto-restart":
+        return f"engine ended (Result={result}, main process {code}); systemd will restart it"
+    if restarts > node.baseline_restarts:
+        return f"unit restarted {restarts - node.baseline_restarts} time(s) since the gate began (Result={result})"
+    if active in ("inactive", "deactivating"):
+        return f"unit is {active} (Result={result}, main process {code}); nothing is running"
+    return None
+
+
+def http(
+    method: str, url: str, body: dict | None = None, api_key: str | None = None, timeout: float = 30
+) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    if not url.startswith(("http://", "https://")):
+        return 0, f"not an http(s) URL: {url}"
+    req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 (scheme checked above)
+    req.add_header("Content-Type", "application/json")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (scheme checked above)
+            raw = r.read()
+            code = r.status
+    except urllib.error.HTTPError as e:
+        raw, code = e.read(), e.code
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        return 0, str(getattr(e, "reason", e))
+    try:
+        return code, json.loads(raw)
+    except ValueError:
+        return code, raw.decode(errors="replace")[:500]
+
+
+def port_open(host: str, port: int, timeout: float = 2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def strip_thinking(text: str) -> str:
+    return re.sub(r"<think>.*?</think>", "", text or "", flags=re.S).strip()
+
+
+def chat_check(base: str, model: str, prompt: str, expect: str, *, api_key: str | None, timeout: float) -> dict:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": 1024,
+        # Thinking off so the answer field holds the answer (engines that ignore the kwarg still
+        # have their reasoning stripped below).
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    code, resp = http("POST", f"{base}/v1/chat/completions", body, api_key, timeout)
+    if code != 200 or not isinstance(resp, dict):
+        return {"ok": False, "why": f"chat completion: HTTP {code}: {str(resp)[:300]}"}
+    try:
+        content = resp["choices"][0]["message"].get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return {"ok": False, "why": f"chat completion without choices[0].message: {str(resp)[:300]}"}
+    answer = strip_thinking(content)
+    if answer.rstrip(".。 ") != expect:
+        return {"ok": False, "why": f"asked {prompt!r}, expected {expect!r}, got {answer[:200]!r}", "answer": answer}
+    return {"ok": True, "answer": answer}
+
+
+class Gate:
+    def __init__(
+        self,
+        nodes: list[dict[str, Any]],
+        unit: str,
+        *,
+        status_file: str,
+        record_file: str,
+        api_base: str,
+        model: str,
+        api_key: str | None = None,
+        prompt: str = DEFAULT_PROMPT,
+        expect: str = "703",
+        deadline: float = 3600,
+        poll: float = 0.5,
+        journal_lines: int = 40,
+        stop_timeout: float = 300,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.nodes = sorted((Node(n, unit, status_file, record_file) for n in nodes), key=lambda n: n.rank)
+        if not self.nodes or self.nodes[0].rank != 0:
+            raise ValueError("the gate needs the head (node rank 0) among its nodes")
+        self.unit, self.record_file = unit, record_file
+        self.api_base, self.model, self.api_key = api_base.rstrip("/"), model, api_key
+        self.prompt, self.expect = prompt, expect
+        self.deadline, self.poll, self.journal_lines = deadline, poll, journal_lines
+        self.stop_timeout = stop_timeout
+        self.log = log or (lambda _m: None)
+        self.events: dict[str, float] = {}
+        self.last_problem = ""
+
+    # -- readiness ------------------------------------------------------------------------------
+
+    def _poll_all(self, pool: ThreadPoolExecutor) -> list[tuple[Node, dict]]:
+        return list(zip(self.nodes, pool.map(lambda n: n.probe(), self.nodes)))
+
+    def wait(self) -> dict[str, Any]:
+        t0 = time.time()
+        end = t0 + self.deadline
+        head_host = self.api_base.split("://", 1)[-1].split("/", 1)[0]
+        host, _, port = head_host.rpartition(":")
+        with ThreadPoolExecutor(max_workers=max(4, len(self.nodes))) as pool:
+            while True:
+                now = time.time()
+                all_active = True
+                for node, probe in self._poll_all(pool):
+                    node.state = probe
+                    why = judge_node(node, probe)
+                    if why and node.failed_at is None:
+                        node.failed_at, node.failure = time.time(), why
+                    unit = probe.get("unit", {})
+                    if unit.get("ActiveState") != "active":
+                        all_active = False
+                    elif node.ready_seen_at is None:
+                        node.ready_seen_at = time.time()
+                if any(n.failed_at for n in self.nodes):
+                    return self._fail(t0, "a unit failed")
+                if all_active:
+                    answer = self._head_checks(host.strip("[]"), int(port or 80))
+                    if answer is not None:
+                        return {"ready": True, "failed": False, **self._report(t0), "answer": answer}
+                if now > end:
+                    return self._fail(t0, "deadline")
+                time.sleep(max(0.0, self.poll - (time.time() - now)))
+
+    def _head_checks(self, host: str, port: int) -> str | None:
+        """Port, then /v1/models, then the answer; each step once it passed. The answer when correct."""
+        self.events.setdefault("all_units_active", time.time())
+        if "port_open" not in self.events and port_open(host, port):
+            self.events["port_open"] = time.time()
+        if "port_open" in self.events and "models_listed" not in self.events:
+            code, resp = http("GET", f"{self.api_base}/v1/models", None, self.api_key, 10)
+            ids = [m.get("id") for m in resp.get("data", [])] if isinstance(resp, dict) else []
+            if code == 200 and self.model in ids:
+                self.events["models_listed"] = time.time()
+            else:
+                self.last_problem = f"/v1/models: HTTP {code}, ids {ids or str(resp)[:200]}"
+        if "models_listed" not in self.events:
+            return None
+        chk = chat_check(self.api_base, self.model, self.prompt, self.expect, api_key=self.api_key, timeout=120)
+        if not chk["ok"]:
+            self.last_problem = chk["why"]
+            return None
+        self.events["first_correct_answer"] = time.time()
+        return chk["answer"]
+
+    def _timeline(self, t0: float) -> dict[str, Any]:
+        starts = []
+        nodes = {}
+        for n in self.nodes:
+            st = _status_for(n, n.state) or {}
+            phases = {p.get("phase"): p.get("at") for p in st.get("phases") or []}
+            row = {
+                "rank": n.rank,
+                "unit": n.state.get("unit", {}).get("ActiveState"),
+                "phase": st.get("phase"),
+                "unit_start": st.get("started_at"),
+                "weights_loaded": phases.get("loaded"),
+                "node_ready": st.get("ready_at"),
+            }
+            if st.get("started_at"):
+                starts.append(st["started_at"])
+            nodes[n.name] = row
+        base = min(starts) if starts else t0
+        rel = {k: round(v - base, 2) for k, v in self.events.items()}
+        for row in nodes.values():
+            for k in ("unit_start", "weights_loaded", "node_ready"):
+                if isinstance(row[k], (int, float)):
+                    row[k] = round(row[k] - base, 2)
+        return {"t0": base, "nodes": nodes, "head": rel}
+
+    def _report(self, t0: float) -> dict[str, Any]:
+        tl = self._timeline(t0)
+        return {"timeline": tl, "elapsed_s": round(time.time() - t0, 2), "last_problem": self.last_problem}
+
+    # -- failure ---------------------------------------------------------------------------------
+
+    def _record(self, node: Node) -> dict | None:
+        f = shlex.quote(self.record_file)
+        _, out, _ = node.remote.run(f"cat {f} 2>/dev/null; echo @@1; cat {f}.1 2>/dev/null", timeout=20)
+        cur, _, prev = out.partition("@@1")
+        recs = [r for r in (_json_or_none(cur), _json_or_none(prev)) if r]
+        # The failing run: not a clean stop, the newest that ended after the gate began.
+        bad = [r for r in recs if r.get("verdict") not in ("clean-stop", None)]
+        return (bad or recs or [None])[0]
+
+    def _journal(self, node: Node) -> list[str]:
+        u = shlex.quote(self.unit)
+        n = int(self.journal_lines)
+        _, out, _ = node.remote.run(f"journalctl -u {u} -n {n} -o short-iso --no-pager 2>&1", timeout=30)
+        return out.splitlines()[-n:]
+
+    def _fail(self, t0: float, kind: str) -> dict[str, Any]:
+        failed = [n for n in self.nodes if n.failed_at]
+        records = {}
+        if failed:
+            with ThreadPoolExecutor(max_workers=len(failed)) as pool:
+                for n, rec in zip(failed, pool.map(self._record, failed)):
+                    records[n.name] = rec
+
+            def order(n: Node) -> tuple[float, int]:
+                rec = records.get(n.name) or {}
+                ended = rec.get("ended_at") if isinstance(rec.get("ended_at"), (int, float)) else None
+                return (ended if ended and ended >= t0 - 5 else n.failed_at or 0, n.rank)
+
+            first = min(failed, key=order)
+            why = first.failure
+        else:
+            # Deadline with nobody failed: the least advanced node is the one holding the others.
+            def progress(n: Node) -> tuple[int, int]:
+                st = _status_for(n, n.state) or {}
+                return (phase_rank(st.get("phase")), -n.rank)
+
+            first = min(self.nodes, key=progress)
+            st = _status_for(first, first.state) or {}
+            why = (
+                f"deadline of {self.deadline:.0f} s passed; least advanced node reached phase "
+                f"{st.get('phase') or 'unknown'}"
+                + (f"; last API problem: {self.last_problem}" if self.last_problem else "")
+            )
+            records[first.name] = self._record(first)
+        report = self._report(t0)
+        journal = self._journal(first)
+        stop = self.stop_all()
+        rec = records.get(first.name)
+        rank = (rec or {}).get("failed_rank")
+        return {
+            "ready": False,
+            "failed": True,
+            "kind": kind,
+            "first_failed": {
+                "node": first.name,
+                "node_rank": first.rank,
+                "why": why,
+                "rank": rank,
+                "record": rec,
+                "journal_tail": journal,
+            },
+            "failed_nodes": [n.name for n in failed],
+            "stop": stop,
+            **report,
+        }
+
+    # -- ordered stop ------------------------------------------------------------------------------
+
+    def stop_all(self) -> list[dict[str, Any]]:
+        return ordered_stop([n.remote for n in self.nodes], self.unit, self.record_file, self.stop_timeout)
+
+
+def _stop_one(remote: Remote, unit: str, record_file: str, timeout: float) -> dict[str, Any]:
+    u, f = shlex.quote(unit), shlex.quote(record_file)
+    t = time.time()
+    rc, out, err = remote.run(
+        f"systemctl stop {u}; rc=$?; systemctl show {u} --property={SHOW_PROPS} --no-pager; "
+        f"echo @@record; cat {f} 2>/dev/null; echo; echo @@rc=$rc",
+        timeout=timeout + 30,
+    )
+    show, _, rest = out.partition("@@record")
+    rec_text, _, _ = rest.partition("@@rc=")
+    unit_state = _parse_show(show)
+    rec = _json_or_none(rec_text)
+    row: dict[str, Any] = {
+        "node": remote.name,
+        "seconds": round(time.time() - t, 2),
+        "state": unit_state.get("ActiveState", "unknown"),
+        "result": unit_state.get("Result"),
+    }
+    if rc != 0 and not show:
+        row["error"] = (err or "").strip()[-300:] or f"ssh exit {rc}"
+    killed = []
+    if rec and rec.get("killed_after_timeout") and rec.get("ended_at", 0) >= t - 1:
+        killed.append(rec.get("reason") or "the wrapper killed the engine after its stop timeout")
+    if unit_state.get("Result") == "timeout":
+        killed.append("systemd killed the unit after TimeoutStopSec")
+    row["killed"] = killed
+    row["stopped"] = row["state"] in ("inactive", "failed")
+    return row
+
+
+def ordered_stop(remotes: list[Remote], unit: str, record_file: str, timeout: float) -> list[dict[str, Any]]:
+    """Head (first) alone, then the others together; each with a bounded wait."""
+    if not remotes:
+        return []
+    rows = [_stop_one(remotes[0], unit, record_file, timeout)]
+    rest = remotes[1:]
+    if rest:
+        with ThreadPoolExecutor(max_workers=len(rest)) as pool:
+            rows += list(pool.map(lambda r: _stop_one(r, unit, record_file, timeout), rest))
+    return rows
+
+
+def failure_message(res: dict[str, Any]) -> str:
+    ff = res["first_failed"]
+    rank = ff.get("rank") or {}
+    rank_txt = ""
+    if rank:
+        bits = [f"{k.upper()}{rank[k]}" for k in ("tp", "pp") if rank.get(k) is not None]
+        if rank.get("rank") is not None:
+            bits.append(f"rank {rank['rank']}")
+        rank_txt = f" ({' '.join(bits)})" if bits else ""
+    rec = ff.get("record") or {}
+    lines = [f"engine not ready: first failed node {ff['node']} (node rank {ff['node_rank']}){rank_txt}: {ff['why']}"]
+    if rec:
+        lines.append(
+            f"termination record: verdict {rec.get('verdict')}, exit {rec.get('exit_code')}: {rec.get('reason')}"
+        )
+        if rank.get("line"):
+            lines.append(f"first error line: {rank['line']}")
+    stopped = [s for s in res.get("stop", [])]
+    lines.append(
+        "stopped in order (head first): "
+        + ", ".join(f"{s['node']} {s['state']}" + (" (killed)" if s.get("killed") else "") for s in stopped)
+    )
+    left = [s["node"] for s in stopped if not s.get("stopped")]
+    if left:
+        lines.append(f"NOT stopped: {', '.join(left)} — stop them by hand (systemctl stop UNIT)")
+    lines.append("journal tail of the first failed node:")
+    lines += ["  " + x for x in ff.get("journal_tail", [])[-15:]]
+    return "\n".join(lines)

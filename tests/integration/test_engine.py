@@ -1,0 +1,152 @@
+"""The engine role on the lab: two nodes, TP2 x PP2, the engine SIMULATOR (tests/lab/engine_sim.py)
+under the real wrapper and systemd units. Ready means a correct answer; every injected fault ends
+with all units stopped (head first), the first failed node named, and no rank left running."""
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.integration.conftest import run_ansible, ssh
+
+NODES = ["node1", "node2"]
+LIMIT = ["--limit", ",".join(NODES)]
+BASE = ["-e", "engine_pp_size=2", "-e", "engine_ready_deadline=120"]
+UNIT = "llmfleet-demo.service"
+
+
+def engine(*extra, check=False, playbook="playbooks/engine.yml", timeout=600):
+    return run_ansible("ansible-playbook", playbook, *LIMIT, *BASE, *extra, check=check, timeout=timeout)
+
+
+def fault_vars(spec, **more):
+    env = {"LLMFLEET_SIM_STATE_DIR": "/var/lib/llmfleet/engine/demo/sim", "LLMFLEET_SIM_FAULT": spec}
+    env.update(more)
+    return ["-e", json.dumps({"engine_env": env})]
+
+
+def unit(lab, node, prop):
+    return ssh(lab, node, f"systemctl show {UNIT} --property={prop} --value").stdout.strip()
+
+
+def sim_processes(lab, node):
+    return ssh(lab, node, "pgrep -af '[e]ngine_sim.py' || true").stdout.strip()
+
+
+def ask(port=30000, prompt="What is 37\u00d719? Reply with only the number."):
+    body = {"model": "demo-model", "messages": [{"role": "user", "content": prompt}], "temperature": 0}
+    req = urllib.request.Request(f"http://10.77.0.11:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 (http to the lab head)
+        return json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+def assert_all_stopped(lab):
+    for n in NODES:
+        assert unit(lab, n, "ActiveState") in ("inactive", "failed"), n
+        assert sim_processes(lab, n) == "", f"ranks left running on {n}"
+
+
+@pytest.fixture(scope="module")
+def prepared(lab):
+    for pb in ("base", "topology", "model_stage"):
+        run_ansible("ansible-playbook", f"playbooks/{pb}.yml", *LIMIT)
+    yield lab
+    engine(playbook="playbooks/engine_stop.yml")
+
+
+def test_sglang_tp2_pp2_reaches_ready_and_answers(prepared):
+    lab = prepared
+    cp = engine()
+    assert cp.returncode == 0, cp.stdout[-5000:]
+    assert ask() == "703"
+    for n in NODES:
+        assert unit(lab, n, "ActiveState") == "active"
+        assert unit(lab, n, "Type") == "notify" and unit(lab, n, "KillMode") == "mixed"
+        assert unit(lab, n, "LimitMEMLOCK") == "infinity"
+    # The head's ranks are global ranks 0,1 (PP stage 0); node2 holds 2,3 (stage 1).
+    out = ssh(lab, "node2", f"journalctl -u {UNIT} -o cat --no-pager").stdout
+    assert re.search(r"TP1 PP1\]", out), out[-2000:]
+    timeline = cp.stdout[cp.stdout.index("Cold-start timeline") :]
+    assert "first_correct_answer" in timeline and "weights_loaded" in timeline
+
+
+def test_second_converge_restarts_nothing(prepared):
+    lab = prepared
+    before = {n: unit(lab, n, "InvocationID") for n in NODES}
+    cp = engine(check=True)
+    assert re.search(r"changed=0\s", cp.stdout), cp.stdout[-3000:]
+    assert {n: unit(lab, n, "InvocationID") for n in NODES} == before
+
+
+def test_api_key_stays_out_of_argv_unit_and_logs(prepared):
+    lab = prepared
+    key = "sk-llmfleet-test-0123456789"
+    cp = engine("-e", f"engine_api_key={key}", check=True)
+    assert key not in cp.stdout + cp.stderr
+    for n in NODES:
+        text = ssh(lab, n, f"cat /etc/systemd/system/{UNIT}; ps -eo args; journalctl -u {UNIT} --no-pager").stdout
+        assert key not in text, n
+    assert ssh(lab, "node1", "stat -c %a /etc/llmfleet/credentials/demo.api-key").stdout.strip() == "600"
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        ask()
+    engine(check=True)  # back to no key (restarts: the credential is gone)
+
+
+@pytest.mark.parametrize(
+    ("profile", "spec", "node", "expect"),
+    [
+        # SGLang crash path: the dead rank's node SIGKILLs itself (unit ends by signal 9).
+        ("sglang", "crash:rank=3:phase=load:exit=3", "node2", r"verdict signal"),
+        # vLLM: a dead worker makes the API server exit 0; the wrapper turns that into a failure.
+        ("vllm", "crash:rank=1:phase=load", "node1", r"verdict unrequested-exit-0, exit 70"),
+        ("sglang", "crash:rank=2:phase=rendezvous:signal=SEGV", "node2", r"verdict signal"),
+    ],
+)
+def test_a_crashing_rank_stops_everything_and_is_named(prepared, profile, spec, node, expect):
+    lab = prepared
+    t0 = time.monotonic()
+    cp = engine("-e", f"engine_profile={profile}", *fault_vars(spec))
+    took = time.monotonic() - t0
+    assert cp.returncode != 0
+    out = cp.stdout
+    assert f"first failed node {node}" in out, out[-5000:]
+    assert re.search(expect, out), out[-5000:]
+    assert "stopped in order (head first): node1" in out
+    assert_all_stopped(lab)
+    print(f"{profile} {spec}: failed play in {took:.0f}s")
+
+
+def test_a_rank_hanging_in_rendezvous_hits_the_deadline_and_everything_stops(prepared):
+    lab = prepared
+    cp = engine("-e", "engine_ready_deadline=25", *fault_vars("hang:rank=3:phase=rendezvous"))
+    assert cp.returncode != 0
+    assert "deadline of 25 s passed" in cp.stdout, cp.stdout[-4000:]
+    assert_all_stopped(lab)
+
+
+def test_restart_on_failure_brings_the_deployment_back(prepared):
+    """vLLM exits 0 when a worker dies (systemd would not restart it); under the wrapper that is exit 70,
+    so Restart=on-failure restarts it. Peers crash at once on peer loss here, so both nodes restart
+    and rendezvous again; the fault fires once."""
+    lab = prepared
+    spec = "crash:rank=1:phase=serve:after=12:once"
+    ssh(lab, "node1", "rm -rf /var/lib/llmfleet/engine/demo/sim")
+    cp = engine("-e", "engine_profile=vllm", *fault_vars(spec, LLMFLEET_SIM_PEER_LOSS="crash"))
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    assert ask(port=8000) == "703"
+    deadline = time.monotonic() + 150
+    restarted = False
+    while time.monotonic() < deadline:
+        restarted = int(unit(lab, "node1", "NRestarts") or 0) >= 1
+        if restarted and all(unit(lab, n, "ActiveState") == "active" for n in NODES):
+            break
+        time.sleep(2)
+    assert restarted, "node1 was never restarted"
+    rec = json.loads(ssh(lab, "node1", "cat /var/lib/llmfleet/engine/demo/termination.json.1").stdout)
+    assert rec["verdict"] == "unrequested-exit-0" and rec["exit_code"] == 70
+    assert all(unit(lab, n, "ActiveState") == "active" for n in NODES)
+    assert ask(port=8000) == "703"

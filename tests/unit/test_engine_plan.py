@@ -1,0 +1,262 @@
+"""Engine command lines for the field reports' deployments (golden), layout errors, READY rules,
+flag checks against --help with did-you-mean, fingerprints, loader fan-out, systemd quoting."""
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from llmfleet import engine
+from llmfleet.engine import PlanError
+
+GOLDEN = Path(__file__).parent / "golden"
+
+# Seed 003 (Qwen3.8 2.4T FP8, 4 x 8 H20, TP8 x PP4): the flags the report ran, in its order.
+SEED003_SGLANG_EXTRA = (
+    "--linear-attn-prefill-backend flashinfer --linear-attn-decode-backend flashinfer --mamba-ssm-dtype bfloat16 "
+    "--mamba-full-memory-ratio 0.95 --page-size 64 --max-prefill-tokens 8192 --mem-fraction-static 0.85 "
+    "--max-running-requests 64 --reasoning-parser qwen3 --tool-call-parser qwen3_coder --disable-radix-cache "
+    "--enable-metrics"
+).split()
+SEED003_VLLM_EXTRA = (
+    "--gpu-memory-utilization 0.85 --max-num-batched-tokens 8192 --max-num-seqs 64 --mamba-ssm-cache-dtype bfloat16 "
+    "--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser qwen3_coder"
+).split()
+QWEN = {
+    "model_path": "/models/Qwen3.8-2.4T-A95B-FP8",
+    "served_model_name": "qwen38-a95b-fp8",
+    "tp": 8,
+    "pp": 4,
+    "nnodes": 4,
+    "head_addr": "10.0.0.11",
+    "dist_port": 50080,
+    "context_length": 32768,
+}
+
+
+def seed003(profile):
+    extra = SEED003_SGLANG_EXTRA if profile == "sglang" else SEED003_VLLM_EXTRA
+    return dict(QWEN, profile=profile, extra_args=extra, port=30000 if profile == "sglang" else 8000)
+
+
+# Seed 000 (GLM-5.2 FP8, one 8 x H20 node, TP8).
+SEED000_VLLM = {
+    "profile": "vllm",
+    "model_path": "/models/GLM-5.2-FP8/v1",
+    "served_model_name": "glm-5.2-fp8-vllm",
+    "tp": 8,
+    "host": "0.0.0.0",  # noqa: S104
+    "port": 8000,
+    "context_length": 131072,
+    "extra_args": (
+        "--kv-cache-dtype fp8 --gpu-memory-utilization 0.90 --max-num-seqs 16 --max-num-batched-tokens 32768 "
+        "--tool-call-parser glm47 --reasoning-parser glm45 --enable-auto-tool-choice --enable-prefix-caching"
+    ).split(),
+}
+SEED000_SGLANG = {
+    "profile": "sglang",
+    "command": ["python3", "-m", "sglang.launch_server"],
+    "model_path": "/models/GLM-5.2-FP8/v1",
+    "served_model_name": "glm-5.2-fp8-sglang-test",
+    "tp": 8,
+    "host": "0.0.0.0",  # noqa: S104
+    "port": 8000,
+    "context_length": 131072,
+    "loader_threads": 1,
+    "extra_args": (
+        "--kv-cache-dtype fp8_e4m3 --reasoning-parser glm45 --tool-call-parser glm47 --mem-fraction-static 0.85 "
+        "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+        "--speculative-num-draft-tokens 4 --max-running-requests 32"
+    ).split(),
+}
+
+CASES = {
+    "seed003-sglang-rank0": (seed003("sglang"), 0),
+    "seed003-sglang-rank2": (seed003("sglang"), 2),
+    "seed003-vllm-rank0": (seed003("vllm"), 0),
+    "seed003-vllm-rank3": (seed003("vllm"), 3),
+    "seed000-vllm-tp8": (SEED000_VLLM, 0),
+    "seed000-sglang-tp8": (SEED000_SGLANG, 0),
+    "seed000-vllm-pd-prefill": (dict(SEED000_VLLM, profile="vllm_pd", extra_args=SEED000_VLLM["extra_args"][:6]), 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_command_lines(name, request):
+    spec, rank = CASES[name]
+    line = engine.shell_line(engine.render_argv(spec, rank)) + "\n"
+    path = GOLDEN / f"engine-{name}.txt"
+    if request.config.getoption("--update-golden", default=False):
+        path.write_text(line)
+    assert path.read_text() == line, f"{name}: rendered command line changed; see {path}"
+
+
+def _in_order(needle, hay):
+    """needle appears in hay as a contiguous run."""
+    n = len(needle)
+    return any(hay[i : i + n] == needle for i in range(len(hay) - n + 1))
+
+
+def test_seed003_sglang_is_the_reports_command():
+    # The report's command, with RANK=2 and HEAD_ADDR substituted, is our argv minus --host/--port.
+    seed = (
+        shlex.split(
+            "sglang serve --model-path /models/Qwen3.8-2.4T-A95B-FP8 --served-model-name qwen38-a95b-fp8 --tp-size 8 "
+            '--pp-size 4 --nnodes 4 --node-rank "2" --dist-init-addr "10.0.0.11:50080" --context-length 32768 '
+        )
+        + SEED003_SGLANG_EXTRA
+    )
+    argv = engine.render_argv(seed003("sglang"), 2)
+    assert argv[: len(seed)] == seed
+    assert argv[len(seed) :] == ["--port", "30000"]
+
+
+def test_seed003_vllm_workers_are_headless_and_head_serves():
+    head = engine.render_argv(seed003("vllm"), 0)
+    worker = engine.render_argv(seed003("vllm"), 3)
+    assert "--headless" not in head and "--headless" in worker
+    assert _in_order(["--node-rank", "3"], worker) and _in_order(["--master-addr", "10.0.0.11"], worker)
+    assert _in_order(["--master-port", "50080"], head)
+    assert "--port" in head and "--port" not in worker  # headless nodes serve nothing
+    seed_flags = ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "4", "--nnodes", "4"]
+    assert _in_order(seed_flags, head) and _in_order(SEED003_VLLM_EXTRA, head)
+
+
+def test_seed000_loader_config_disables_multithread():
+    argv = engine.render_argv(SEED000_SGLANG, 0)
+    i = argv.index("--model-loader-extra-config")
+    assert json.loads(argv[i + 1]) == {"enable_multithread_load": False}
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+
+
+def test_vllm_pd_adds_nixl_and_is_single_node():
+    argv = engine.render_argv(dict(SEED000_VLLM, profile="vllm_pd", nnodes=2), 0)
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    assert "--nnodes" not in argv
+
+
+def test_custom_profile_is_the_given_argv():
+    argv = engine.render_argv({"profile": "custom", "custom_argv": ["/opt/x/serve", "--rank", "1"]}, 0)
+    assert argv == ["/opt/x/serve", "--rank", "1"]
+    with pytest.raises(PlanError, match="engine_custom_argv"):
+        engine.render_argv({"profile": "custom"}, 0)
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "nnodes", "match"),
+    [(3, 1, 2, "cannot be split evenly"), (0, 1, 1, ">= 1")],
+)
+def test_bad_layouts_name_the_variables(tp, pp, nnodes, match):
+    with pytest.raises(PlanError, match=match):
+        engine.render_argv(dict(QWEN, profile="sglang", tp=tp, pp=pp, nnodes=nnodes), 0)
+
+
+def test_multi_node_needs_the_head_address():
+    with pytest.raises(PlanError, match="head's fabric address"):
+        engine.render_argv(dict(QWEN, profile="sglang", head_addr=None), 1)
+
+
+def test_unknown_profile_and_missing_model():
+    with pytest.raises(PlanError, match="choose one of"):
+        engine.render_argv({"profile": "trtllm"}, 0)
+    with pytest.raises(PlanError, match="engine_model_path"):
+        engine.render_argv({"profile": "vllm"}, 0)
+
+
+def test_ready_rules():
+    sg = engine.render_argv(seed003("sglang"), 1)
+    assert engine.ready_rule("sglang", 0, 4, 8, sg)["regex"] == "The server is fired up and ready to roll!"
+    assert engine.ready_rule("sglang", 1, 4, 8, sg) == {"regex": "Capture cuda graph end", "count": 8}
+    # Without CUDA graphs a worker never logs the graph line: loaded weights are its last word.
+    assert engine.ready_rule("sglang", 1, 4, 8, [*sg, "--disable-cuda-graph"])["regex"] == "Load weight end"
+    assert engine.ready_rule("vllm", 2, 4, 8, [])["regex"] == "Graph capturing finished"
+    assert engine.ready_rule("vllm_pd", 0, 1, 8, [])["regex"] == "Application startup complete"
+    assert not engine.serves_api("sglang", 1) and engine.serves_api("vllm_pd", 0)
+
+
+HELP = """usage: sglang serve [-h] [--model-path MODEL_PATH] [--tp-size TP_SIZE]
+options:
+  -h, --help            show this help message and exit
+  --model-path MODEL_PATH, --model MODEL_PATH
+  --tp-size TP_SIZE, --tensor-parallel-size TP_SIZE
+  --pp-size PP_SIZE
+  --enable-metrics
+  --mem-fraction-static MEM_FRACTION_STATIC
+vllm-style:
+  -tp TENSOR_PARALLEL_SIZE, --tensor-parallel-size TENSOR_PARALLEL_SIZE
+"""
+
+
+def test_help_parsing_and_did_you_mean():
+    flags = engine.parse_help_flags(HELP)
+    assert {"--model-path", "--tp-size", "--enable-metrics", "-tp", "-h"} <= flags
+    argv = ["sglang", "serve", "--model-path", "/m", "--tp-size", "8", "--enable-metric", "--mem-fraction-static=0.8"]
+    problems = engine.unknown_flags(argv, HELP, skip=2)
+    assert [p["flag"] for p in problems] == ["--enable-metric"]
+    assert problems[0]["did_you_mean"][0] == "--enable-metrics"
+    msg = engine.describe_unknown(problems, "sglang serve")
+    assert "--enable-metric (did you mean --enable-metrics" in msg
+    # Values are not flags, negative numbers neither.
+    assert engine.argv_flags(["x", "--seed", "-1", "--pp-size", "2"], skip=1) == ["--seed", "--pp-size"]
+
+
+def test_fingerprint_changes_with_every_input():
+    base = {"engine": "sglang", "engine_version": "0.5.23", "kernel_libs": {"sgl-kernel": "0.3"}, "cuda": "13.0",
+            "driver": "580", "compute_capability": "9.0", "tp": 8, "pp": 4, "model_revision": "d2dc",
+            "quantization": "fp8", "extra": {}}  # fmt: skip
+    fp = engine.fingerprint(base)
+    assert len(fp) == 16 and engine.fingerprint(dict(base)) == fp
+    for key, other in [("engine_version", "0.5.24"), ("kernel_libs", {"sgl-kernel": "0.4"}), ("cuda", "12.9"),
+                       ("driver", "575"), ("compute_capability", "10.0"), ("tp", 4), ("pp", 2),
+                       ("model_revision", "e3e3"), ("quantization", None)]:  # fmt: skip
+        assert engine.fingerprint(dict(base, **{key: other})) != fp, key
+    # Keys outside the fingerprint (e.g. a timestamp) do not change it.
+    assert engine.fingerprint(dict(base, when=1)) == fp
+
+
+def test_cache_env_points_every_cache_into_the_fingerprint_dir():
+    env = engine.cache_env("/mnt/nvme/llmfleet/cache/qwen/0123456789abcdef/")
+    assert {
+        "TRITON_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "DG_JIT_CACHE_DIR",
+        "VLLM_CACHE_ROOT",
+        "XDG_CACHE_HOME",
+    } <= set(env)
+    assert all(v.startswith("/mnt/nvme/llmfleet/cache/qwen/0123456789abcdef/") for v in env.values())
+
+
+def test_prepare_cache_keeps_current_and_in_use(tmp_path):
+    import os
+
+    root = tmp_path / "cache"
+    olds = []
+    for i, name in enumerate(["a" * 16, "b" * 16, "c" * 16]):
+        d = root / name
+        d.mkdir(parents=True)
+        os.utime(d, (1000 + i, 1000 + i))
+        olds.append(str(d))
+    res = engine.prepare_cache(str(root), "d" * 16, 2, uid=os.getuid(), gid=os.getgid(), in_use={olds[0]}, check=False)
+    assert res["created"] and (root / ("d" * 16)).is_dir()
+    # keep=2: the new one and the newest old one (c); b removed; a is in use so it stays.
+    assert res["removed"] == [olds[1]]
+    assert (root / ("c" * 16)).is_dir() and (root / ("a" * 16)).is_dir() and not (root / ("b" * 16)).exists()
+
+
+def test_loader_fanout_seed000():
+    f = engine.loader_fanout("sglang", 1, 8, None, shared_storage=True)
+    assert f["readers"] == 64 and "8 ranks x 8 loader threads = 64" in f["formula"]
+    assert engine.loader_fanout("sglang", 4, 8, 2, shared_storage=True)["readers"] == 64
+    assert engine.loader_fanout("sglang", 4, 8, 2, shared_storage=False)["readers"] == 16
+
+
+def test_systemd_quoting_round_trip():
+    argv = ["--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 8}', "--x", "100%",
+            "--y", "$HOME", "a b", "--ready-regex", "The server is fired up and ready to roll!"]  # fmt: skip
+    line = engine.systemd_command_line(argv)
+    assert "%%" in line and "$$HOME" in line
+    # systemd unquotes like a shell with C escapes; for these words shlex gives the same split
+    # once the %% / $$ escapes are undone.
+    assert shlex.split(line.replace("%%", "%").replace("$$", "$")) == argv
