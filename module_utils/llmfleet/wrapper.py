@@ -337,7 +337,10 @@ class Wrapper:
                 self.cgroup_text = f.read()
         except OSError:
             self.cgroup_text = ""
-        self.lock = threading.Lock()  # output, tail, phases, status file: reader threads and main
+        # out_lock: writes to stdout/stderr/log; lock: tail, phases, status file. Kept apart so that a stuck
+        # stdout (journald) blocks only the readers, never the stop deadline in the main thread.
+        self.out_lock = threading.Lock()
+        self.lock = threading.Lock()
         self.closed = False
         self.dead_streams: set[int] = set()
         self.log = None
@@ -356,6 +359,7 @@ class Wrapper:
         self.stop_signal: int | None = None
         self.stop_requested_at: float | None = None
         self.killed_after_timeout = False
+        self.stop_deadline: float | None = None
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.secret_files: list[str] = []
@@ -444,7 +448,7 @@ class Wrapper:
 
     def _line(self, raw: bytes, out: Any) -> None:
         text = raw.decode("utf-8", "replace").rstrip("\r\n")
-        with self.lock:
+        with self.out_lock:
             if self.closed:
                 return
             if out is not None and id(out) not in self.dead_streams:
@@ -460,7 +464,8 @@ class Wrapper:
                 except OSError as e:
                     _err(f"--log-file: {e.strerror}; no longer copying output there")
                     self.log = None
-            if text.strip():
+        if text.strip():
+            with self.lock:
                 self.tail.append(text)
                 self._observe(text)
 
@@ -725,31 +730,38 @@ class Wrapper:
         end = time.monotonic() + READER_JOIN_S
         for t in readers:
             t.join(max(0.0, end - time.monotonic()))
-        with self.lock:
-            self.closed = True  # readers still blocked (a pipe held outside the group) must not write any more
+        # Readers still blocked (a pipe held outside the group) must not write any more. A reader stuck in a
+        # write to a full stdout holds out_lock: do not wait for it forever.
+        got = self.out_lock.acquire(timeout=1.0)
+        self.closed = True
+        if got:
             if self.log is not None:
                 self.log.close()
                 self.log = None
+            self.out_lock.release()
         for t, pipe in zip(readers, pipes):
             if not t.is_alive():  # closing an fd another thread reads from could hit a reused fd number
                 pipe.close()
 
     def _wait(self, pid: int) -> int:
         """Poll the child (a blocking waitpid could not also watch the stop deadline) and act on stop requests."""
-        deadline = None
         while True:
             got, status = os.waitpid(pid, os.WNOHANG)
+            self._stop_bookkeeping()  # also when the child died of the forwarded signal at once
             if got == pid:
                 return status
-            if self.stop_requested and deadline is None:
-                deadline = time.monotonic() + self.args.stop_timeout
-                self.notifier.send("STOPPING=1", f"STATUS=stopping ({signal_name(self.stop_signal)})")
-                with self.lock:
-                    self._write_status()
-            if deadline is not None and not self.killed_after_timeout and time.monotonic() >= deadline:
-                self.killed_after_timeout = True
-                _killpg(pid, signal.SIGKILL)
+            if self.stop_deadline is not None and not self.killed_after_timeout:
+                if time.monotonic() >= self.stop_deadline:
+                    self.killed_after_timeout = True
+                    _killpg(pid, signal.SIGKILL)
             time.sleep(POLL_S)
+
+    def _stop_bookkeeping(self) -> None:
+        if self.stop_requested and self.stop_deadline is None:
+            self.stop_deadline = time.monotonic() + self.args.stop_timeout
+            self.notifier.send("STOPPING=1", f"STATUS=stopping ({signal_name(self.stop_signal)})")
+            with self.lock:
+                self._write_status()
 
 
 def build_parser() -> argparse.ArgumentParser:
