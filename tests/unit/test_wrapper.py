@@ -672,3 +672,40 @@ def test_pids_in_group_parses_odd_comm_names(tmp_path):
     _put(tmp_path, "12/stat", "12 (other) S 1 78 78 0 -1\n")
     _put(tmp_path, "self/stat", "10 (a) S 1 77 77 0 -1\n")
     assert pids_in_group(77, str(tmp_path)) == [10]
+
+
+def test_stop_signal_reaches_the_whole_process_group(tmp_path, running):
+    """sh ignores SIGTERM and waits: only a signal sent to the group reaches the grandchild engine."""
+    marker = tmp_path / "got-term"
+    grandchild = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w').write('x'), sys.exit(0)))\n"
+        "print('up', flush=True)\ntime.sleep(30)"
+    )
+    rec = tmp_path / "r.json"
+    w = running(
+        ["--record", str(rec), "--stop-timeout", "20"],
+        ["sh", "-c", 'trap "" TERM; "$0" -c "$1" & wait', PY, grandchild],
+    )
+    w.wait_for("up")
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.finish() == 0
+    assert marker.exists()
+    assert load(rec)["verdict"] == "clean-stop" and load(rec)["killed_after_timeout"] is False
+
+
+def test_closed_stdout_does_not_break_the_wrapper(tmp_path):
+    rec = tmp_path / "r.json"
+    code = "import sys\nfor i in range(2000):\n    print(f'line{i}', flush=True)\nsys.exit(3)"
+    p = subprocess.Popen([*WRAP, "--record", str(rec), "--", *pyc(code)], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=clean_env())  # fmt: skip
+    p.stdout.close()  # journald went away: writes get EPIPE
+    assert p.wait(timeout=RUN_TIMEOUT) == 3
+    assert load(rec)["tail"][-1] == "line1999"
+
+
+def test_llmfleet_help_lists_exec(capsys):
+    from llmfleet import cli
+
+    assert cli.main([]) == 2
+    assert "exec" in capsys.readouterr().err
