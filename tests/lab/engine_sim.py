@@ -230,9 +230,8 @@ EXACT_RES = (
         r"(?:只回答|只回复|只输出|仅回答)\s*[:\uff1a]?\s*[\"'\u201c\u2018\u300c]?([^\s\"'\u201c\u201d\u2018\u2019`\u300c\u300d\u3002\uff0c,\uff01!\uff1f?]+)"
     ),
 )
-TRAILING_PUNCT = (
-    ".,!?;:\"'" + "\u3002\uff0c\uff01\uff1f\uff1b\uff1a\u201d\u2019"
-)  # CJK full-width punctuation, closing quotes
+# stripped from an exact token: ASCII and CJK full-width punctuation, closing quotes
+TRAILING_PUNCT = ".,!?;:\"'" + "\u3002\uff0c\uff01\uff1f\uff1b\uff1a\u201d\u2019"
 FIXED_ANSWER = "This is a simulated reply from the llmfleet engine simulator; no model was run."
 
 
@@ -628,6 +627,7 @@ class Rank:
         for f in self.faults:
             if f.kind in ("crash", "hang") and f.phase == phase and f.rank == self.g:
                 if f.kind == "crash":
+                    time.sleep(f.after)
                     self.crash(f)
                 self._fire(f)
                 while True:  # hang: no progress, no output, until killed
@@ -685,7 +685,11 @@ class Rank:
 
     def load(self) -> int:  # noqa: PLR0912 (phases, faults and progress in load order)
         cfg, log = self.cfg, self.log
-        from llmfleet.checkpoint import HeaderError, parse_header
+        try:
+            from llmfleet.checkpoint import HeaderError, parse_header
+        except ImportError:  # not installed in this interpreter: the source tree next to this file
+            sys.path.insert(0, str(HERE.parents[2] / "module_utils"))
+            from llmfleet.checkpoint import HeaderError, parse_header
 
         t0 = time.monotonic()
         model = cfg["model"]
@@ -866,7 +870,9 @@ class EngineState:
         self.active = 0
 
     def serving(self) -> bool:
-        return self.ready and not self.draining and self.broken is None
+        """What /health reports. A broken world does not change it: like the real engines while NCCL hangs,
+        the API process is alive and says so; only generation (which needs a world step) fails."""
+        return self.ready and not self.draining
 
     def pending(self) -> bool:
         with self.lock:
@@ -1527,34 +1533,26 @@ class NodeMain:
         self.kill_ranks()
         return 0
 
-    def rank_failed(self, i: int, code: int) -> int:
+    def rank_failed(self, failed: list[tuple[int, int]]) -> int:
+        """Local ranks died (index, returncode), all seen in one poll: the engine's own reaction."""
         cfg = self.cfg
-        g = cfg["node_rank"] * cfg["rpn"] + i
-        pid = self.procs[i].pid
-        how = f"exitcode={code}"
-        if code < 0:
-            how += f" (signal {signal.Signals(-code).name})"
+        what = []
+        for i, code in failed:
+            how = f"exitcode={code}" + (f" (signal {signal.Signals(-code).name})" if code < 0 else "")
+            what.append((self.procs[i].pid, cfg["node_rank"] * cfg["rpn"] + i, how))
         if self.flavour == "sglang":
-            self.log(f"Child process unexpectedly failed with {how}. pid={pid} (global rank {g})")
+            for pid, g, how in what:
+                self.log(f"Child process unexpectedly failed with {how}. pid={pid} (global rank {g})")
             self.log("Received sigquit from a child process. It usually means the child failed.")
             self.kill_ranks()
-            sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)  # SGLang's kill_process_tree(include_parent=True)
             time.sleep(10)
+        for pid, g, how in what:
+            self.log(f"Worker proc {pid} (global rank {g}) died unexpectedly ({how}).", "ERROR")
+        self.kill_ranks()
         if not cfg["is_head"]:
-            self.log(f"Worker proc {pid} (global rank {g}) died unexpectedly ({how}); shutting down.", "ERROR")
-            self.kill_ranks()
+            self.log("A worker of this headless node died; shutting down.", "ERROR")
             return 1
-        if not self.ready[0]:
-            self.log(f"Worker proc {pid} (global rank {g}) died during startup ({how}).", "ERROR")
-            self.kill_ranks()
-            self.log(
-                "RuntimeError: Engine core initialization failed. See root cause above. "
-                f"Failed core proc(s): {{'EngineCore_DP0': {code}}}",
-                "ERROR",
-            )
-            return 1
-        self.log(f"Worker proc {pid} (global rank {g}) died unexpectedly ({how}).", "ERROR")
         self.log("AsyncLLM output_handler failed.", "ERROR")
         self.log(
             "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
@@ -1562,14 +1560,25 @@ class NodeMain:
             "ERROR",
         )
         self.log("Engine core proc died unexpectedly, shutting down API server", "ERROR")
-        self.kill_ranks()
-        self.log.uvicorn("Shutting down")
-        self.log.uvicorn(f"Finished server process [{os.getpid()}]")
-        return 0  # vLLM's real behaviour (vllm-project/vllm#48966): exit 0 after the engine died
+        if self.ready[0]:
+            self.log.uvicorn("Shutting down")
+            self.log.uvicorn(f"Finished server process [{os.getpid()}]")
+        # vllm-project/vllm#48966: the API server exits 0 after its engine died. The simulator does so
+        # whenever a worker dies, also during startup (where a real vLLM usually reports "Engine core
+        # initialization failed" and exits 1).
+        return 0
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
+        try:
+            return self._supervise()
+        except Exception:
+            self.log(f"node main process failed: {traceback.format_exc().rstrip()}", "ERROR")
+            self.kill_ranks()
+            return 1
+
+    def _supervise(self) -> int:
         self.spawn()
         grace = float(os.environ.get("LLMFLEET_SIM_STOP_GRACE", "30"))
         while True:
@@ -1582,9 +1591,9 @@ class NodeMain:
                     and all(self.ready)):  # fmt: skip
                 self.start_dummy_health()
             codes = [p.poll() for p in self.procs]
-            for i, code in enumerate(codes):
-                if code not in (None, 0):
-                    return self.rank_failed(i, code)
+            failed = [(i, code) for i, code in enumerate(codes) if code not in (None, 0)]
+            if failed:
+                return self.rank_failed(failed)
             if all(c == 0 for c in codes):
                 self.log("All ranks exited cleanly.")
                 return 0
