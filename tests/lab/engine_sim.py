@@ -9,7 +9,7 @@ through a world step, and the engines' stop and failure behaviours (see docs/eng
 
     engine_sim.py sglang serve --model-path DIR [...]      (tests/lab/sim-bin/sglang)
     engine_sim.py vllm serve DIR [...]                     (tests/lab/sim-bin/vllm)
-    engine_sim.py _rank JSON                               (internal: one rank)
+    engine_sim.py _rank -                                  (internal: one rank, config JSON on stdin)
 
 The node main process never imports torch (only rank processes do). Fault injection:
 LLMFLEET_SIM_FAULT="KIND:key=val[:once];..." (kinds crash, hang, slow_load, no_done).
@@ -1479,8 +1479,11 @@ class NodeMain:
         for g in range(lo, lo + cfg["rpn"]):
             r, w = os.pipe()
             rcfg = dict(cfg, rank=g, ready_fd=w, parent_pid=os.getpid(), faults=[f.spec for f in self.faults])
-            p = subprocess.Popen([sys.executable, str(HERE), "_rank", json.dumps(rcfg)], pass_fds=(w,),
-                                 stdin=subprocess.DEVNULL)  # fmt: skip
+            # The config (it may hold the API key) goes through stdin: argv is visible to every user.
+            p = subprocess.Popen([sys.executable, str(HERE), "_rank", "-"], pass_fds=(w,),
+                                 stdin=subprocess.PIPE)  # fmt: skip
+            p.stdin.write(json.dumps(rcfg).encode())
+            p.stdin.close()
             os.close(w)
             self.procs.append(p)
             self.ready.append(False)
@@ -1642,7 +1645,7 @@ def node_main(flavour: str, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_rank"] and len(argv) == 2:
-        return rank_main(argv[1])
+        return rank_main(sys.stdin.read() if argv[1] == "-" else argv[1])
     if argv[:1] and argv[0] in FLAVOURS:
         return node_main(argv[0], argv[1:])
     sys.stderr.write("usage: engine_sim.py {sglang|vllm} serve ... (the llmfleet engine simulator)\n")

@@ -70,6 +70,9 @@ cp "$node_dir/hosts" "$R/etc/hosts"
 rm -f "$R/etc/resolv.conf"
 printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$R/etc/resolv.conf"
 install -d -m 0700 "$R/root/.ssh"
+# The project venv's interpreter may live under the host's /root (pyenv): let service users (the
+# engine unit's User=) traverse it inside the node; the host's /root is untouched (overlay upper).
+chmod 0711 "$R/root"
 install -m 0600 "$node_dir/authorized_keys" "$R/root/.ssh/authorized_keys"
 rm -f "$R"/etc/ssh/ssh_host_*
 install -m 0600 "$node_dir/ssh_host_ed25519_key" "$R/etc/ssh/ssh_host_ed25519_key"
