@@ -80,6 +80,7 @@ bench: install
 	$(PY) bench/lab_fanout.py --nodes 2 4 8 16 --out docs/bench-lab.md
 	$(PY) bench/stage_bench.py --gb 8 --nodes 4 --fleet-gb 1 --out docs/bench-stage.md
 	$(PY) bench/nccl_check_bench.py --out docs/bench-nccl-check.md
+	$(PY) bench/engine_bench.py --runs 3 --out docs/bench-engine.md
 
 clean:
 	-$(LAB) down

@@ -277,7 +277,8 @@ class Gate:
                 if all_active:
                     answer = self._head_checks(host.strip("[]"), int(port or 80))
                     if answer is not None:
-                        return {"ready": True, "failed": False, **self._report(t0), "answer": answer}
+                        report = self._report(t0)
+                        return {"ready": True, "failed": False, **report, "answer": answer, "reported_at": time.time()}
                 if now > end:
                     return self._fail(t0, "deadline")
                 time.sleep(max(0.0, self.poll - (time.time() - now)))
@@ -398,6 +399,7 @@ class Gate:
             "failed_nodes": [n.name for n in failed],
             "stop": stop,
             **report,
+            "reported_at": time.time(),
         }
 
     # -- ordered stop ------------------------------------------------------------------------------
