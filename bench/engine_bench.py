@@ -126,6 +126,8 @@ def main() -> int:
     crash = [crash_run(lab) for _ in range(a.runs)]
     alone = systemd_alone(lab)
     play("playbooks/engine_stop.yml", *LIMIT)
+    # A lab left up keeps this checkout's bind mounts; another checkout's `up` would reuse it.
+    lab.down()
     med = statistics.median
     lines = [
         "# Benchmark: engine readiness and crash handling (lab, 2 nodes, TP2 x PP2, engine simulator)",
