@@ -280,6 +280,7 @@ class Lab:
             f'"{INIT_SCRIPT}" "{d}" {node.name} "{self.shared}" "{self.project}" >>"{d}/init.log" 2>&1 </dev/null'
         )
         (d / "launcher.pid").unlink(missing_ok=True)
+        (d / "project").write_text(str(self.project))
         run(["setsid", "-f", "/bin/sh", "-c", launcher])
 
     def _wait_booted(self, node: Node, deadline: float) -> None:
@@ -311,7 +312,11 @@ class Lab:
         wanted = [self.node(i) for i in range(1, n + 1)]
         to_start = []
         for node in wanted:
-            if node.systemd_pid() is not None and node.ssh_ok():
+            # A running node is reused only if it mounts this checkout: another clone's lab would
+            # show that clone's files (and venv) at a path this checkout's inventory does not use.
+            mounted = node.dir / "project"
+            same_project = mounted.exists() and mounted.read_text() == str(self.project)
+            if same_project and node.systemd_pid() is not None and node.ssh_ok():
                 hosts = self.hosts_for(node)
                 if (node.dir / "hosts").read_text() != hosts:  # the node count changed: update in place
                     node.nsenter("sh", "-c", "cat > /etc/hosts", input=hosts, check=True)
