@@ -60,21 +60,13 @@ from ansible.module_utils.llmfleet.engine import (
     model_identity,
     prepare_cache,
 )
+from ansible.module_utils.llmfleet.stage import paths_in_use
 
 
-def open_dirs_under(root: str) -> set[str]:
-    """Fingerprint directories a running process has as cwd or open files in (never GC those)."""
-    used: set[str] = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            links = [os.readlink(f"/proc/{pid}/cwd")]
-            links += [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:
-            continue
-        for link in links:
-            if link.startswith(root.rstrip("/") + "/"):
-                used.add(os.path.join(root, link[len(root.rstrip("/")) + 1 :].split("/", 1)[0]))
-    return used
+def fingerprint_dirs_in_use(root: str) -> set[str]:
+    """Fingerprint directories (root/<fp>) that a running process uses: never GC those."""
+    real = os.path.realpath(root)
+    return {os.path.join(root, os.path.relpath(p, real).split(os.sep)[0]) for p in paths_in_use(root)}
 
 
 def main() -> None:
@@ -122,7 +114,7 @@ def main() -> None:
         "extra": p["extra"],
     }
     fp = fingerprint(inputs)
-    in_use = open_dirs_under(p["cache_root"])
+    in_use = fingerprint_dirs_in_use(p["cache_root"])
     cache = prepare_cache(p["cache_root"], fp, p["keep"], uid=uid, gid=gid, in_use=in_use, check=module.check_mode)
     module.exit_json(
         changed=bool(cache["created"] or cache["removed"]),
