@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,6 +23,8 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from .preflight import connect_state
 
 PHASE_ORDER = ("started", "dist_init", "dist_ready", "loading", "loaded", "warmup", "warm", "serving")
 SHOW_PROPS = "ActiveState,SubState,Result,NRestarts,ExecMainCode,ExecMainStatus,MainPID,InvocationID"
@@ -183,11 +184,7 @@ def http(
 
 
 def port_open(host: str, port: int, timeout: float = 2) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+    return connect_state(host, port, timeout) == "open"
 
 
 def strip_thinking(text: str) -> str:

@@ -144,7 +144,8 @@ def measure(
     return m
 
 
-def _connect(ip: str, port: int, timeout: float) -> str:
+def connect_state(ip: str, port: int, timeout: float) -> str:
+    """open, refused, timeout or the OSError name for one TCP connect."""
     try:
         with socket.create_connection((ip, port), timeout=timeout):
             return "open"
@@ -166,10 +167,10 @@ def probe_ports(
         out[node] = {}
         for port in ports:
             end = time.monotonic() + refused_grace
-            state = _connect(ip, port, timeout)
+            state = connect_state(ip, port, timeout)
             while state == "refused" and time.monotonic() < end:
                 time.sleep(0.25)
-                state = _connect(ip, port, timeout)
+                state = connect_state(ip, port, timeout)
             out[node][str(port)] = state
     return out
 
