@@ -96,6 +96,35 @@ def test_api_key_stays_out_of_argv_unit_and_logs(prepared):
     engine(check=True)  # back to no key (restarts: the credential is gone)
 
 
+def test_an_unknown_engine_flag_fails_before_anything_starts(prepared):
+    lab = prepared
+    before = ssh(lab, "node1", f"cat /etc/systemd/system/{UNIT}").stdout
+    cp = engine("-e", json.dumps({"engine_extra_args": ["--enable-metric"]}))
+    assert cp.returncode != 0
+    assert "--enable-metric (did you mean --enable-metrics" in cp.stdout, cp.stdout[-3000:]
+    assert ssh(lab, "node1", f"cat /etc/systemd/system/{UNIT}").stdout == before
+
+
+def test_a_unit_systemd_would_half_ignore_is_not_installed(prepared):
+    lab = prepared
+    # systemd-analyze verify says "Failed to parse service restart specifier, ignoring" and exits 0.
+    cp = engine("-e", "engine_restart=sometimes")
+    assert cp.returncode != 0
+    assert "restart specifier" in cp.stdout, cp.stdout[-3000:]
+    assert "Restart=sometimes" not in ssh(lab, "node1", f"cat /etc/systemd/system/{UNIT}").stdout
+
+
+def test_a_slow_load_with_progress_outlives_the_start_timeout(prepared):
+    """TimeoutStartSec=15 but loading takes 25 s more with progress lines: the wrapper's
+    EXTEND_TIMEOUT_USEC keeps the units starting until they are ready."""
+    lab = prepared
+    cp = engine("-e", "engine_start_timeout=15", "-e", "engine_extend_timeout=10", *fault_vars("slow_load:seconds=25"))
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    for n in NODES:
+        assert unit(lab, n, "ActiveState") == "active" and unit(lab, n, "NRestarts") == "0"
+    assert ask() == "703"
+
+
 @pytest.mark.parametrize(
     ("profile", "spec", "node", "expect"),
     [
