@@ -56,6 +56,9 @@ def prepared(lab):
         run_ansible("ansible-playbook", f"playbooks/{pb}.yml", *LIMIT)
     yield lab
     engine(playbook="playbooks/engine_stop.yml")
+    # Leave the NVMe as found: later tests (site.yml) count what staging reads from shared storage.
+    for i in range(1, len(NODES) + 1):
+        lab.wipe_nvme(lab.node(i))
 
 
 def test_sglang_tp2_pp2_reaches_ready_and_answers(prepared):
