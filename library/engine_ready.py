@@ -14,6 +14,8 @@ description:
     timeline per node. If a unit fails or I(deadline) passes, stops the head first and then the workers,
     and fails naming the first node (and rank) that failed, with its termination record and journal tail.
   - Never asks SGLang workers' /health (a dummy that always answers 200).
+  - Runs on the ops host (C(delegate_to=localhost), C(become=false)); on the nodes its scripts run as root,
+    directly or through C(sudo -n) when the SSH user is not root (passwordless sudo is required then).
 options:
   nodes: {description: "[{name, rank, ssh}] - ssh is the OpenSSH argv prefix that reaches the node.", type: list, elements: dict, required: true}
   unit: {description: Unit name on every node., type: str, required: true}
@@ -28,6 +30,8 @@ options:
   poll: {description: Seconds between polls., type: float, default: 0.5}
   stop_timeout: {description: Bound for each node's stop (s)., type: float, default: 300}
   journal_lines: {description: Journal lines of the first failed node., type: int, default: 40}
+  unreachable_after: {description: "Seconds of failing SSH polls after which a node fails the gate (named, with the SSH error).", type: float, default: 30}
+  connect_timeout: {description: SSH connect timeout per poll (s)., type: float, default: 10}
 author: llmfleet developers
 """
 
@@ -52,7 +56,7 @@ stop: {description: One row per node of the ordered stop., returned: on failure,
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.gate import DEFAULT_PROMPT, Gate, failure_message
+from ansible.module_utils.llmfleet.gate import DEFAULT_PROMPT, Gate, PrivilegeError, failure_message
 
 
 def main() -> None:
@@ -71,19 +75,29 @@ def main() -> None:
             "poll": {"type": "float", "default": 0.5},
             "stop_timeout": {"type": "float", "default": 300},
             "journal_lines": {"type": "int", "default": 40},
+            "unreachable_after": {"type": "float", "default": 30},
+            "connect_timeout": {"type": "float", "default": 10},
         },
         supports_check_mode=True,
     )
     p = module.params
     if module.check_mode:
         module.exit_json(changed=False, ready=False, skipped_in_check_mode=True, timeline={})
+    for n in p["nodes"]:
+        # The connect timeout is the module's, whatever the argv prefix was built with.
+        n["ssh"] = [a if not str(a).startswith("ConnectTimeout=") else f"ConnectTimeout={int(p['connect_timeout'])}"
+                    for a in n["ssh"]]  # fmt: skip
     gate = Gate(
         p["nodes"], p["unit"], status_file=p["status_file"], record_file=p["record_file"], api_base=p["api_base"],
         model=p["model"],
         api_key=p["api_key"] or None, prompt=p["prompt"], expect=p["expect"], deadline=p["deadline"],
         poll=p["poll"], journal_lines=p["journal_lines"], stop_timeout=p["stop_timeout"],
+        unreachable_after=p["unreachable_after"],
     )  # fmt: skip
-    res = gate.wait()
+    try:
+        res = gate.wait()
+    except PrivilegeError as e:
+        module.fail_json(msg=str(e), ready=False, timeline={})
     if res["ready"]:
         module.exit_json(changed=False, **res)
     module.fail_json(msg=failure_message(res), **res)

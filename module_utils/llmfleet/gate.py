@@ -8,6 +8,12 @@ If a unit fails (failed, waiting to auto-restart, restarted) or the deadline pas
 stopped head first (SGLang workers wait for rank 0's ShutdownReq), and the first node that failed is
 named with its rank, termination record and journal tail. Nodes are reached with plain OpenSSH
 (the same host, user, port, key and options Ansible uses) and every call has a timeout.
+
+Privilege: reading llmfleet's state (0750, owner llmfleet), the journal and stopping units need root.
+A site connects as an operator account with become, so every remote script runs through `sudo -n`
+unless the login is already root; sudo asking for a password is a configuration error, said at once.
+A node whose SSH keeps failing for `unreachable_after` seconds fails the gate (named, with the SSH
+error) instead of holding it until the deadline.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,15 +37,18 @@ from .preflight import connect_state
 PHASE_ORDER = ("started", "dist_init", "dist_ready", "loading", "loaded", "warmup", "warm", "serving")
 SHOW_PROPS = "ActiveState,SubState,Result,NRestarts,ExecMainCode,ExecMainStatus,MainPID,InvocationID"
 DEFAULT_PROMPT = "What is 37\u00d719? Reply with only the number."
-CONTROL_DIR = "/tmp/llmfleet-ansible/cp"  # noqa: S108 (Ansible's control_path_dir, see ansible.cfg)
+SSH_FAILED = 255  # ssh's own exit status: connect, auth or host-key failure (not the remote command's)
+# Root-only parts of every remote script run as root: directly when the login is root, else through
+# passwordless sudo (the gate cannot answer a password prompt; -n makes sudo fail instead of asking).
+AS_ROOT = 'if [ "$(id -u)" -eq 0 ]; then exec sh -c "$0"; else exec sudo -n -- sh -c "$0"; fi'
+SUDO_REFUSED = re.compile(r"^sudo: (a password is required|.*not in the sudoers|.*not allowed to execute)", re.M)
 
 
-def ssh_argv(host: dict[str, Any]) -> list[str]:
+def ssh_argv(host: dict[str, Any], connect_timeout: float = 10) -> list[str]:
     """OpenSSH argv prefix for one inventory host (keys as in hostvars: ansible_host, ansible_user,
-    ansible_port, ansible_ssh_private_key_file, ansible_ssh_common_args, ansible_ssh_extra_args)."""
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
-    # A master connection per node keeps each poll at a few ms instead of a full handshake.
-    argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={CONTROL_DIR}/gate-%C", "-o", "ControlPersist=120"]
+    ansible_port, ansible_ssh_private_key_file, ansible_ssh_common_args, ansible_ssh_extra_args).
+    The control socket is added per gate run (Remote), in a private directory."""
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout)}"]
     for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
         if host.get(key):
             argv += shlex.split(str(host[key]))
@@ -51,17 +62,29 @@ def ssh_argv(host: dict[str, Any]) -> list[str]:
     return argv
 
 
-class Remote:
-    """Runs shell snippets on one node over SSH with a deadline."""
+class PrivilegeError(RuntimeError):
+    """sudo on a node refused to run the gate's root-only scripts without a password."""
 
-    def __init__(self, name: str, argv: list[str]) -> None:
+
+class Remote:
+    """Runs shell snippets as root on one node over SSH with a deadline.
+
+    With `control_dir`, a master connection per node (a socket in that private directory) keeps each
+    poll at a few ms instead of a full handshake; close() ends the master."""
+
+    def __init__(self, name: str, argv: list[str], control_dir: str | None = None) -> None:
         self.name, self.argv = name, list(argv)
+        self.control = []
+        if control_dir:
+            path = os.path.join(control_dir, "%C")
+            self.control = ["-o", "ControlMaster=auto", "-o", f"ControlPath={path}", "-o", "ControlPersist=60"]
 
     def run(self, script: str, timeout: float = 30) -> tuple[int, str, str]:
-        os.makedirs(CONTROL_DIR, exist_ok=True)
+        # ssh joins the remote words into one shell line: quote the wrapper and pass the script as $0.
+        remote = f"sh -c {shlex.quote(AS_ROOT)} {shlex.quote(script)}"
         try:
             p = subprocess.run(
-                [*self.argv, "--", script],
+                [*self.argv[:1], *self.control, *self.argv[1:], "--", remote],
                 check=False,
                 capture_output=True,
                 text=True,
@@ -70,7 +93,23 @@ class Remote:
             )
         except subprocess.TimeoutExpired:
             return 124, "", f"ssh to {self.name} timed out after {timeout:.0f} s"
+        if p.returncode != 0 and SUDO_REFUSED.search(p.stderr or ""):
+            raise PrivilegeError(
+                f"{self.name}: {SUDO_REFUSED.search(p.stderr).group(0)}: the readiness gate runs systemctl, "
+                "journalctl and reads llmfleet's state as root through `sudo -n`; give the ansible_user "
+                "passwordless sudo on the nodes (NOPASSWD) or connect as root"
+            )
         return p.returncode, p.stdout, p.stderr
+
+    def close(self) -> None:
+        if self.control:
+            subprocess.run(
+                [*self.argv[:1], *self.control, "-O", "exit", *self.argv[1:]],
+                check=False,
+                capture_output=True,
+                timeout=10,
+                stdin=subprocess.DEVNULL,
+            )
 
 
 def _parse_show(text: str) -> dict[str, str]:
@@ -110,10 +149,12 @@ def phase_rank(phase: str | None) -> int:
 
 
 class Node:
-    def __init__(self, spec: dict[str, Any], unit: str, status_file: str, record_file: str) -> None:
+    def __init__(
+        self, spec: dict[str, Any], unit: str, status_file: str, record_file: str, control_dir: str | None = None
+    ) -> None:
         self.name = spec["name"]
         self.rank = int(spec["rank"])
-        self.remote = Remote(self.name, spec["ssh"])
+        self.remote = Remote(self.name, spec["ssh"], control_dir)
         self.unit, self.status_file, self.record_file = unit, status_file, record_file
         self.baseline_restarts: int | None = None
         self.baseline_invocation: str | None = None
@@ -121,11 +162,15 @@ class Node:
         self.failed_at: float | None = None
         self.failure: str | None = None
         self.ready_seen_at: float | None = None
+        self.unreachable_since: float | None = None  # first of the current run of failed SSH polls
+        self.unreachable = False
 
-    def probe(self) -> dict[str, Any]:
-        rc, out, err = self.remote.run(probe_script(self.unit, self.status_file), timeout=20)
+    def probe(self, timeout: float = 20) -> dict[str, Any]:
+        rc, out, err = self.remote.run(probe_script(self.unit, self.status_file), timeout=timeout)
         if rc != 0 and "@@status" not in out:
-            return {"error": (err or out).strip()[-300:] or f"ssh exit {rc}"}
+            self.unreachable_since = self.unreachable_since or time.time()
+            return {"error": (err or out).strip()[-300:] or f"ssh exit {rc}", "since": self.unreachable_since}
+        self.unreachable_since = None
         return parse_probe(out)
 
 
@@ -137,10 +182,19 @@ def _status_for(node: Node, probe: dict[str, Any]) -> dict | None:
     return st
 
 
-def judge_node(node: Node, probe: dict[str, Any]) -> str | None:
+def _judge_unreachable(node: Node, probe: dict[str, Any], unreachable_after: float) -> str | None:
+    # One lost poll is not a failure; SSH failing for `unreachable_after` seconds is.
+    down_for = time.time() - probe.get("since", time.time())
+    if down_for < unreachable_after:
+        return None
+    node.unreachable = True
+    return f"unreachable over SSH for {down_for:.0f} s: {probe['error']}"
+
+
+def judge_node(node: Node, probe: dict[str, Any], unreachable_after: float = 30) -> str | None:
     """None while fine (activating or active); else why this node counts as failed."""
     if "error" in probe:
-        return None  # one lost poll is not a failure; the deadline bounds a dead node
+        return _judge_unreachable(node, probe, unreachable_after)
     unit = probe["unit"]
     active, sub = unit.get("ActiveState", ""), unit.get("SubState", "")
     restarts = int(unit.get("NRestarts") or 0)
@@ -231,11 +285,16 @@ class Gate:
         poll: float = 0.5,
         journal_lines: int = 40,
         stop_timeout: float = 300,
+        unreachable_after: float = 30,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        self.nodes = sorted((Node(n, unit, status_file, record_file) for n in nodes), key=lambda n: n.rank)
-        if not self.nodes or self.nodes[0].rank != 0:
+        if not nodes or min(int(n["rank"]) for n in nodes) != 0:
             raise ValueError("the gate needs the head (node rank 0) among its nodes")
+        # SSH control sockets live in a private directory of this run (0700, unpredictable name).
+        self.control_dir = tempfile.mkdtemp(prefix="llmfleet-gate-")
+        self.nodes = sorted((Node(n, unit, status_file, record_file, self.control_dir) for n in nodes),
+                            key=lambda n: n.rank)  # fmt: skip
+        self.unreachable_after = unreachable_after
         self.unit, self.record_file = unit, record_file
         self.api_base, self.model, self.api_key = api_base.rstrip("/"), model, api_key
         self.prompt, self.expect = prompt, expect
@@ -250,7 +309,19 @@ class Gate:
     def _poll_all(self, pool: ThreadPoolExecutor) -> list[tuple[Node, dict]]:
         return list(zip(self.nodes, pool.map(lambda n: n.probe(), self.nodes)))
 
+    def close(self) -> None:
+        """End the SSH masters and remove their private directory."""
+        for n in self.nodes:
+            n.remote.close()
+        shutil.rmtree(self.control_dir, ignore_errors=True)
+
     def wait(self) -> dict[str, Any]:
+        try:
+            return self._wait()
+        finally:
+            self.close()
+
+    def _wait(self) -> dict[str, Any]:
         t0 = time.time()
         end = t0 + self.deadline
         head_host = self.api_base.split("://", 1)[-1].split("/", 1)[0]
@@ -261,7 +332,7 @@ class Gate:
                 all_active = True
                 for node, probe in self._poll_all(pool):
                     node.state = probe
-                    why = judge_node(node, probe)
+                    why = judge_node(node, probe, self.unreachable_after)
                     if why and node.failed_at is None:
                         node.failed_at, node.failure = time.time(), why
                     unit = probe.get("unit", {})
@@ -333,6 +404,8 @@ class Gate:
     # -- failure ---------------------------------------------------------------------------------
 
     def _record(self, node: Node) -> dict | None:
+        if node.unreachable:
+            return None
         f = shlex.quote(self.record_file)
         _, out, _ = node.remote.run(f"cat {f} 2>/dev/null; echo @@1; cat {f}.1 2>/dev/null", timeout=20)
         cur, _, prev = out.partition("@@1")
@@ -342,6 +415,8 @@ class Gate:
         return (bad or recs or [None])[0]
 
     def _journal(self, node: Node) -> list[str]:
+        if node.unreachable:
+            return [f"(no journal: {node.name} is unreachable over SSH)"]
         u = shlex.quote(self.unit)
         n = int(self.journal_lines)
         _, out, _ = node.remote.run(f"journalctl -u {u} -n {n} -o short-iso --no-pager 2>&1", timeout=30)

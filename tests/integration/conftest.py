@@ -20,7 +20,8 @@ def ansible_env() -> dict:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the venv's ansible
     env.update(
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_HOME=env.get("ANSIBLE_HOME", "/tmp/llmfleet-ansible/home"),
+        # Private to this user (see the Makefile), never a predictable path in /tmp.
+        ANSIBLE_HOME=env.get("ANSIBLE_HOME", str(Path.home() / ".cache/llmfleet/ansible")),
         ANSIBLE_FORCE_COLOR="0",
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_DEPRECATION_WARNINGS="0",
@@ -34,7 +35,8 @@ def lab():
     if os.geteuid() != 0:
         pytest.fail("integration tests need root for the lab (network namespaces, mounts, cgroups)")
     lab = labctl.default_lab()
-    lab.up(LAB_NODES, wipe_nvme=True)
+    # Fresh nodes: a lab left running (e.g. by `make demo`, with its engine units) is not ours to reuse.
+    lab.up(LAB_NODES, wipe_nvme=True, fresh=True)
     demo_model.ensure(lab.shared)  # site.yml stages it (inventory/lab/group_vars)
     yield lab
     lab.down()

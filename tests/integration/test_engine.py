@@ -4,6 +4,7 @@ with all units stopped (head first), the first failed node named, and no rank le
 
 import json
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -148,6 +149,10 @@ def test_a_crashing_rank_stops_everything_and_is_named(prepared, profile, spec, 
     assert f"first failed node {node}" in out, out[-5000:]
     assert re.search(expect, out), out[-5000:]
     assert "stopped in order (head first): node1" in out
+    # As the operator account (not root), the record and the journal are still read (through sudo).
+    assert "termination record: verdict" in out, out[-5000:]
+    tail = out[out.index("journal tail of the first failed node:") :].splitlines()[1:16]
+    assert sum(f" {node} " in ln for ln in tail) >= 3, tail  # short-iso lines carry the hostname
     assert_all_stopped(lab)
     print(f"{profile} {spec}: failed play in {took:.0f}s")
 
@@ -182,3 +187,41 @@ def test_restart_on_failure_brings_the_deployment_back(prepared):
     assert rec["verdict"] == "unrequested-exit-0" and rec["exit_code"] == 70
     assert all(unit(lab, n, "ActiveState") == "active" for n in NODES)
     assert ask(port=8000) == "703"
+
+
+def test_the_root_login_still_works(prepared):
+    """One variable connects as root without become (what the lab did before it had an operator)."""
+    cp = engine("-e", "lab_operator=root")
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    assert ask() == "703"
+
+
+def test_a_node_the_gate_cannot_reach_fails_it_within_the_bound(prepared):
+    """SSH to node2 dies while the engine loads: the gate names node2 and the SSH error after
+    engine_ready_unreachable_after, not after the 300 s deadline; the head is still stopped."""
+    lab = prepared
+    node2 = lab.node(2)
+
+    def cut_ssh_once_loading():
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if node2.nsenter("systemctl", "is-active", UNIT).stdout.strip() == "activating":
+                node2.nsenter("systemctl", "stop", "ssh.socket", "ssh.service")
+                return
+            time.sleep(0.5)
+
+    cutter = threading.Thread(target=cut_ssh_once_loading, daemon=True)
+    cutter.start()
+    try:
+        cp = engine("-e", "engine_ready_deadline=300", "-e", "engine_ready_unreachable_after=6",
+                    "-e", "engine_ready_connect_timeout=2", *fault_vars("slow_load:seconds=90"))  # fmt: skip
+    finally:
+        cutter.join(timeout=5)
+        node2.nsenter("systemctl", "start", "ssh.service", check=True)
+    assert cp.returncode != 0
+    out = cp.stdout
+    assert "first failed node node2" in out and "unreachable over SSH" in out, out[-4000:]
+    assert "deadline" not in out.split("first failed node", 1)[1].splitlines()[0]
+    assert "NOT stopped: node2" in out  # said plainly: the gate could not reach it
+    engine(playbook="playbooks/engine_stop.yml")
+    assert_all_stopped(lab)

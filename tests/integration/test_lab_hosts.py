@@ -55,3 +55,17 @@ def test_up_again_is_a_no_op(lab):
     before = [lab.node(i).systemd_pid() for i in range(1, LAB_NODES + 1)]
     lab.up(LAB_NODES)
     assert [lab.node(i).systemd_pid() for i in range(1, LAB_NODES + 1)] == before
+
+
+def test_ansible_connects_as_the_operator_and_becomes_root(lab):
+    from tests.integration.conftest import run_ansible
+
+    plain = run_ansible(
+        "ansible", "node1", "-m", "ansible.builtin.command", "-a", "id -un", "-e", "ansible_become=false"
+    )
+    assert "ops" in plain.stdout.splitlines()[-1], plain.stdout
+    become = run_ansible("ansible", "node1", "-m", "ansible.builtin.command", "-a", "id -un")
+    assert become.stdout.splitlines()[-1].strip() == "root", become.stdout
+    # Root stays possible with one variable.
+    root = run_ansible("ansible", "node1", "-m", "ansible.builtin.command", "-a", "id -un", "-e", "lab_operator=root")
+    assert root.stdout.splitlines()[-1].strip() == "root", root.stdout

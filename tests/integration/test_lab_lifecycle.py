@@ -47,3 +47,28 @@ def test_stale_pieces_are_cleaned(scratch_lab):
     (lab.cgroup / "node7").mkdir()
     lab.down()
     assert lab.leftovers() == {"netns": [], "links": [], "processes": [], "cgroups": [], "mounts": []}
+
+
+def test_fresh_reboots_running_nodes_and_forgets_their_units(scratch_lab):
+    """`make demo` leaves engine units running; the test session's lab must not inherit them."""
+    lab = scratch_lab
+    lab.up(1)
+    node = lab.node(1)
+    node.nsenter("systemd-run", "--unit=left-by-demo", "sleep", "600", check=True)
+    assert node.nsenter("systemctl", "is-active", "left-by-demo").stdout.strip() == "active"
+    before = node.systemd_pid()
+    lab.up(1)  # reuse: the leftover is still there
+    assert node.systemd_pid() == before
+    lab.up(1, fresh=True)
+    assert node.systemd_pid() != before
+    assert node.nsenter("systemctl", "is-active", "left-by-demo").stdout.strip() == "inactive"
+
+
+def test_nodes_have_an_operator_account_with_sudo(scratch_lab):
+    lab = scratch_lab
+    lab.up(1)
+    node = lab.node(1)
+    out = node.nsenter("su", "-s", "/bin/sh", "ops", "-c", "id -un; sudo -n id -u").stdout.split()
+    assert out == ["ops", "0"], out
+    keys = node.nsenter("stat", "-c", "%U %a", "/home/ops/.ssh/authorized_keys").stdout.split()
+    assert keys == ["ops", "600"]

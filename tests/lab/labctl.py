@@ -301,7 +301,9 @@ class Lab:
             f"see {node.dir}/init.log and {node.dir}/console.log"
         )
 
-    def up(self, n: int, wipe_nvme: bool = False) -> list[Node]:
+    def up(self, n: int, wipe_nvme: bool = False, fresh: bool = False) -> list[Node]:
+        """N running nodes. Running nodes of this checkout are reused unless `fresh`: then every node
+        boots anew (an empty overlay: no units, users or files left by an earlier run, e.g. `make demo`)."""
         if not 1 <= n <= 240:
             raise LabError(f"node count {n}: use 1..240")
         self._preflight()
@@ -316,7 +318,7 @@ class Lab:
             # show that clone's files (and venv) at a path this checkout's inventory does not use.
             mounted = node.dir / "project"
             same_project = mounted.exists() and mounted.read_text() == str(self.project)
-            if same_project and node.systemd_pid() is not None and node.ssh_ok():
+            if not fresh and same_project and node.systemd_pid() is not None and node.ssh_ok():
                 hosts = self.hosts_for(node)
                 if (node.dir / "hosts").read_text() != hosts:  # the node count changed: update in place
                     node.nsenter("sh", "-c", "cat > /etc/hosts", input=hosts, check=True)
@@ -469,7 +471,7 @@ def default_lab() -> Lab:
 
 def _cmd_up(lab: Lab, a: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    nodes = lab.up(a.n, wipe_nvme=a.wipe_nvme)
+    nodes = lab.up(a.n, wipe_nvme=a.wipe_nvme, fresh=a.fresh)
     inv = lab.inventory_dir or lab.state / "inventory"
     print(f"lab {lab.name}: {len(nodes)} nodes up in {time.monotonic() - t0:.1f}s; inventory {inv}/hosts.yml")
     print(f"  ssh -F {lab.ssh_config} node1")
@@ -529,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="bring nodes 1..N up")
     p_up.add_argument("n", type=int)
     p_up.add_argument("--wipe-nvme", action="store_true", help="empty every node's /mnt/nvme and /mnt/shared-rw")
+    p_up.add_argument("--fresh", action="store_true", help="reboot running nodes too (nothing left by earlier runs)")
     p_up.set_defaults(func=_cmd_up)
     sub.add_parser("down", help="stop all nodes and remove every trace").set_defaults(func=_cmd_down)
     p_st = sub.add_parser("status")

@@ -74,12 +74,23 @@ install -d -m 0700 "$R/root/.ssh"
 # engine unit's User=) traverse it inside the node; the host's /root is untouched (overlay upper).
 chmod 0711 "$R/root"
 install -m 0600 "$node_dir/authorized_keys" "$R/root/.ssh/authorized_keys"
+# The site's operator account, as on a real cluster: key login, passwordless sudo (the lab inventory
+# connects as `ops` with become). Password '*' (not '!'): sshd without PAM refuses locked accounts.
+if ! chroot "$R" getent passwd ops >/dev/null; then
+  chroot "$R" useradd --create-home --shell /bin/bash --user-group --password '*' ops
+fi
+install -d -m 0700 -o "$(chroot "$R" id -u ops)" -g "$(chroot "$R" id -g ops)" "$R/home/ops/.ssh"
+install -m 0600 -o "$(chroot "$R" id -u ops)" -g "$(chroot "$R" id -g ops)" \
+  "$node_dir/authorized_keys" "$R/home/ops/.ssh/authorized_keys"
+printf 'ops ALL=(ALL:ALL) NOPASSWD: ALL\n' >"$R/etc/sudoers.d/llmfleet-lab-ops"
+chmod 0440 "$R/etc/sudoers.d/llmfleet-lab-ops"
 rm -f "$R"/etc/ssh/ssh_host_*
 install -m 0600 "$node_dir/ssh_host_ed25519_key" "$R/etc/ssh/ssh_host_ed25519_key"
 install -m 0644 "$node_dir/ssh_host_ed25519_key.pub" "$R/etc/ssh/ssh_host_ed25519_key.pub"
 mkdir -p "$R/etc/ssh/sshd_config.d"
 cat >"$R/etc/ssh/sshd_config.d/00-llmfleet-lab.conf" <<'EOF'
-# llmfleet lab node: key-only root login, no PAM/logind session setup, room for many forks.
+# llmfleet lab node: key-only login (ops, and root for the test harness), no PAM/logind session
+# setup, room for many forks.
 HostKey /etc/ssh/ssh_host_ed25519_key
 PermitRootLogin prohibit-password
 PasswordAuthentication no

@@ -2,6 +2,8 @@
 against a real local HTTP server, failure messages, ssh argv."""
 
 import json
+import os
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -102,3 +104,64 @@ def test_ssh_argv_follows_the_inventory():
     assert argv[0] == "ssh" and argv[-1] == "10.0.0.1"
     assert ["-F", "/x/ssh_config"] == argv[argv.index("-F") : argv.index("-F") + 2]
     assert ["-p", "2222"] == argv[argv.index("-p") : argv.index("-p") + 2] and "BatchMode=yes" in argv
+
+
+def test_ssh_argv_has_no_shared_control_path():
+    # The control socket is per gate run, in a private directory (not a fixed path in /tmp).
+    argv = gate.ssh_argv({"inventory_hostname": "n1", "ansible_host": "10.0.0.1"}, connect_timeout=4)
+    assert not any("ControlPath" in a for a in argv) and "ConnectTimeout=4" in argv
+
+
+def test_gate_control_dir_is_private_and_removed(tmp_path):
+    g = gate.Gate([{"name": "node1", "rank": 0, "ssh": ["true"]}], "u.service", status_file="/s", record_file="/r",
+                  api_base="http://127.0.0.1:1", model="m")  # fmt: skip
+    d = g.control_dir
+    assert (os.stat(d).st_mode & 0o777) == 0o700 and not d.startswith("/tmp/llmfleet-ansible")
+    assert any("ControlPath=" + d in a for a in g.nodes[0].remote.control)
+    g.close()
+    assert not os.path.exists(d)
+
+
+def fake_ssh(tmp_path, script_body):
+    """An `ssh` stand-in: runs the remote command line with sh locally (records what it was given)."""
+    fake = tmp_path / "ssh"
+    fake.write_text("#!/bin/sh\n" + script_body)
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_remote_scripts_run_as_root_or_through_sudo(tmp_path):
+    # The remote side gets one shell line: as root it runs the script directly, otherwise `sudo -n`.
+    r = gate.Remote("node1", [fake_ssh(tmp_path, 'for a; do last="$a"; done; printf %s "$last" > "$0.line"\n'), "h"])
+    r.run("echo hi")
+    line = (tmp_path / "ssh.line").read_text()
+    assert line.startswith("sh -c ") and "sudo -n -- sh -c" in line and line.endswith("'echo hi'")
+    # Run that line as the shell would: as root here, so the script runs directly.
+    assert subprocess.run(["sh", "-c", line], check=True, capture_output=True, text=True).stdout == "hi\n"
+
+
+def test_sudo_asking_for_a_password_is_said_at_once(tmp_path):
+    r = gate.Remote("node2", [fake_ssh(tmp_path, 'echo "sudo: a password is required" >&2; exit 1\n'), "h"])
+    with pytest.raises(gate.PrivilegeError, match=r"node2: sudo: a password is required.*passwordless sudo"):
+        r.run("systemctl stop x")
+
+
+def test_an_unreachable_node_fails_after_the_bound_not_the_deadline(monkeypatch):
+    n = node(1)
+    err = {"error": "ssh: connect to host 10.0.0.2 port 22: Connection refused"}
+    now = [1000.0]
+    monkeypatch.setattr(gate.time, "time", lambda: now[0])
+    assert gate.judge_node(n, dict(err, since=now[0]), unreachable_after=30) is None
+    now[0] += 29
+    assert gate.judge_node(n, dict(err, since=1000.0), unreachable_after=30) is None and not n.unreachable
+    now[0] += 2
+    why = gate.judge_node(n, dict(err, since=1000.0), unreachable_after=30)
+    assert why.startswith("unreachable over SSH for 31 s") and "Connection refused" in why and n.unreachable
+
+
+def test_probe_tracks_the_first_failed_poll(tmp_path):
+    n = gate.Node({"name": "node2", "rank": 1, "ssh": [fake_ssh(tmp_path, "echo 'ssh: no route' >&2; exit 255\n"), "h"]},
+                  "u.service", "/s", "/r")  # fmt: skip
+    p1 = n.probe()
+    p2 = n.probe()
+    assert "no route" in p1["error"] and p1["since"] == p2["since"]
