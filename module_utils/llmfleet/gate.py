@@ -241,8 +241,7 @@ def port_open(host: str, port: int, timeout: float = 2) -> bool:
     return connect_state(host, port, timeout) == "open"
 
 
-def strip_thinking(text: str) -> str:
-    return re.sub(r"<think>.*?</think>", "", text or "", flags=re.S).strip()
+THINK_TAG = re.compile(r"</?think>")
 
 
 def chat_check(base: str, model: str, prompt: str, expect: str, *, api_key: str | None, timeout: float) -> dict:
@@ -251,8 +250,8 @@ def chat_check(base: str, model: str, prompt: str, expect: str, *, api_key: str 
         "messages": [{"role": "user", "content": prompt}],
         "temperature": 0,
         "max_tokens": 1024,
-        # Thinking off so the answer field holds the answer (engines that ignore the kwarg still
-        # have their reasoning stripped below).
+        # Thinking off so the answer field holds the answer. Reasoning text in `content` is a failure,
+        # never stripped: clients would show it to users (the leak the field reports rejected).
         "chat_template_kwargs": {"enable_thinking": False},
     }
     code, resp = http("POST", f"{base}/v1/chat/completions", body, api_key, timeout)
@@ -262,7 +261,15 @@ def chat_check(base: str, model: str, prompt: str, expect: str, *, api_key: str 
         content = resp["choices"][0]["message"].get("content") or ""
     except (KeyError, IndexError, TypeError, AttributeError):
         return {"ok": False, "why": f"chat completion without choices[0].message: {str(resp)[:300]}"}
-    answer = strip_thinking(content)
+    if THINK_TAG.search(content):
+        return {
+            "ok": False,
+            "why": f"reasoning leaked into the answer's content (a <think> tag): {content[:200]!r}; "
+            "start the engine with its reasoning parser (SGLang/vLLM --reasoning-parser) so reasoning goes "
+            "to reasoning_content",
+            "answer": content,
+        }
+    answer = content.strip()
     if answer.rstrip(".。 ") != expect:
         return {"ok": False, "why": f"asked {prompt!r}, expected {expect!r}, got {answer[:200]!r}", "answer": answer}
     return {"ok": True, "answer": answer}

@@ -48,6 +48,7 @@ def test_parse_probe_and_stale_status():
 
 class Api(BaseHTTPRequestHandler):
     answer = "703"
+    think = False
 
     def log_message(self, *a):
         pass
@@ -55,7 +56,8 @@ class Api(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         assert body["temperature"] == 0
-        msg = {"role": "assistant", "content": f"<think>37x19 is 703</think>{Api.answer}"}
+        think = "<think>37x19 is 703</think>" if Api.think else ""
+        msg = {"role": "assistant", "content": f"{think}{Api.answer}", "reasoning_content": "37x19 is 703"}
         data = json.dumps({"choices": [{"message": msg}]}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(data)))
@@ -72,9 +74,14 @@ def api():
     srv.shutdown()
 
 
-def test_chat_check_strips_thinking_and_compares_exactly(api):
+def test_chat_check_compares_exactly_and_fails_on_leaked_reasoning(api):
+    Api.think = False
     Api.answer = "703"
     assert gate.chat_check(api, "m", "37x19?", "703", api_key=None, timeout=5)["ok"]
+    Api.think = True  # a <think> block left in content is a failure, not stripped away
+    res = gate.chat_check(api, "m", "37x19?", "703", api_key=None, timeout=5)
+    assert not res["ok"] and "reasoning leaked" in res["why"] and "--reasoning-parser" in res["why"]
+    Api.think = False
     Api.answer = "The answer is 703"
     res = gate.chat_check(api, "m", "37x19?", "703", api_key=None, timeout=5)
     assert not res["ok"] and "expected '703'" in res["why"]
