@@ -38,7 +38,7 @@ ansible_facts: {description: llmfleet_topology (gpus, hcas, netdevs, numa, env, 
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.topology import TopologyError, report
+from ansible.module_utils.llmfleet.topology import OverrideError, TopologyError, report
 
 
 def build_module() -> AnsibleModule:
@@ -64,6 +64,8 @@ def run(module: AnsibleModule) -> None:
             use_nvml=p["use_nvml"],
             extra_env=p["extra_env"],
         )
+    except OverrideError as e:  # a variable of the topology role is wrong, not the node
+        module.fail_json(msg=f"{socket.gethostname()}: {e} (fix topology_{e.source})")
     except TopologyError as e:
         module.fail_json(msg=f"{socket.gethostname()}: {e}")
     for w in out["warnings"]:

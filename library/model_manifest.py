@@ -52,6 +52,25 @@ from ansible.module_utils.llmfleet.checkpoint import build_manifest
 from ansible.module_utils.llmfleet.lease import Lease, LeaseTimeout
 from ansible.module_utils.llmfleet.stage import StageError, obtain_manifest, resolve_source, stat_manifest
 
+# Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).
+RANGES = {
+    "max_source_readers": (1, None, "model_stage_max_source_readers"),
+    "threads": (1, None, "model_stage_threads"),
+    "lease_timeout": (0, None, None),
+}
+
+
+def range_problem(params: dict, ranges: dict) -> str | None:
+    """The first numeric option outside its range, as a message naming it and the fix."""
+    for name, (low, high, var) in ranges.items():
+        v = params.get(name)
+        if v is None or (v >= low and (high is None or v <= high)):
+            continue
+        want = f">= {low}" if high is None else f"between {low} and {high}"
+        where = f" (set by the role variable {var})" if var else ""
+        return f"{name}={v} is out of range{where}: it must be {want}"
+    return None
+
 
 def build_module() -> AnsibleModule:
     return AnsibleModule(
@@ -71,6 +90,9 @@ def build_module() -> AnsibleModule:
 
 def run(module: AnsibleModule) -> None:
     p = module.params
+    bad = range_problem(p, RANGES)
+    if bad:
+        module.fail_json(msg=f"model_manifest: {bad}")
     try:
         src = resolve_source(p["source"], p["revision"])
 
@@ -83,7 +105,7 @@ def run(module: AnsibleModule) -> None:
                 lease.release()
 
         got = obtain_manifest(src, p["model"], p["revision"], p["cache_dir"], build=build, check_mode=module.check_mode)
-    except (StageError, LeaseTimeout, OSError) as e:
+    except (StageError, LeaseTimeout, OSError, ValueError) as e:  # ValueError: a malformed manifest file
         module.fail_json(msg=f"{socket.gethostname()}: manifest of {p['model']}@{p['revision']}: {e}")
     manifest = got["manifest"] or stat_manifest(src)
     module.exit_json(

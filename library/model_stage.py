@@ -75,6 +75,33 @@ from ansible.module_utils.llmfleet.lease import LeaseTimeout
 from ansible.module_utils.llmfleet.stage import StageError, StageRequest, plan, resolve_source, stat_manifest
 from ansible.module_utils.llmfleet.swarm import SwarmConfig, run_node
 
+# Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).
+RANGES = {
+    "threads": (1, None, "model_stage_threads"),
+    "keep": (1, None, "model_stage_keep"),
+    "free_space_margin_bytes": (0, None, "model_stage_free_space_margin_gb"),
+    "max_source_readers": (1, None, "model_stage_max_source_readers"),
+    "lease_ttl": (1, None, None),
+    "lease_timeout": (0, None, None),
+    "serve_port": (0, 65535, "model_stage_peer_port"),
+    "peer_wait": (0, None, None),
+    "peer_dead_after": (0.1, None, None),
+    "finish_wait": (0, None, "model_stage_timeout"),
+    "rate_limit_bytes_per_s": (0, None, "model_stage_rate_limit_mib_s"),
+}
+
+
+def range_problem(params: dict, ranges: dict) -> str | None:
+    """The first numeric option outside its range, as a message naming it and the fix."""
+    for name, (low, high, var) in ranges.items():
+        v = params.get(name)
+        if v is None or (v >= low and (high is None or v <= high)):
+            continue
+        want = f">= {low}" if high is None else f"between {low} and {high}"
+        where = f" (set by the role variable {var})" if var else ""
+        return f"{name}={v} is out of range{where}: it must be {want}"
+    return None
+
 
 def build_module() -> AnsibleModule:
     return AnsibleModule(
@@ -111,6 +138,9 @@ def build_module() -> AnsibleModule:
 def run(module: AnsibleModule) -> None:
     p = module.params
     host = socket.gethostname()
+    bad = range_problem(p, RANGES)
+    if bad:
+        module.fail_json(msg=f"model_stage: {bad}")
     try:
         src = resolve_source(p["source"], p["revision"])
         if p["manifest_path"] and os.path.isfile(p["manifest_path"]):
@@ -160,7 +190,7 @@ def run(module: AnsibleModule) -> None:
             finish_wait=p["finish_wait"],
         )
         result = run_node(req, cfg)
-    except (StageError, LeaseTimeout, OSError) as e:
+    except (StageError, LeaseTimeout, OSError, ValueError) as e:  # ValueError: a malformed manifest file
         module.fail_json(msg=f"{host} ({p['me']}): staging {p['model']}@{p['revision']} failed: {e}")
     module.exit_json(**result)
 

@@ -85,8 +85,9 @@ class Report:
 
     @property
     def bad_input(self) -> bool:
-        """Problems that mean the input itself is unacceptable (CLI exit 2), not a damaged copy."""
-        return any(p.kind in ("unsafe_path", "not_a_directory") for p in self.problems)
+        """The caller gave no checkpoint to check (CLI exit 2). Everything found *inside* the
+        checkpoint, a hostile index (unsafe_path) included, is a failed verification (exit 1)."""
+        return any(p.kind == "not_a_directory" for p in self.problems)
 
     def as_dict(self) -> dict[str, Any]:
         return {

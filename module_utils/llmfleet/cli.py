@@ -6,11 +6,88 @@ never at module level: node-side programs and Ansible modules import this packag
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ipaddress
 import json
 import os
+import re
 import sys
+from collections.abc import Callable
 
 from . import __version__
+from .checkpoint import HEX40
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# ---- argument types: a bad value is an argparse error (usage line + one error line, exit 2) ----------
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def whole_number(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (give one >= {low})") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"{n} is too small: give a number >= {low}")
+        return n
+
+    return whole_number
+
+
+def _var_value(text: str) -> tuple[str, str]:
+    name, eq, value = text.partition("=")
+    if not eq or not ENV_NAME.match(name):
+        raise argparse.ArgumentTypeError(f"{text!r} is not VAR=VALUE (e.g. NCCL_IB_GID_INDEX=3)")
+    return name, value
+
+
+def _ipv4(text: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IPv4 address (e.g. 10.10.0.11)") from None
+
+
+def _ifname_ipv4(text: str) -> tuple[str, str]:
+    name, eq, ip = text.partition("=")
+    if not eq or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not IFNAME=IPV4 (e.g. ens1np0=10.10.0.11)")
+    try:
+        return name, _ipv4(ip)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {ip!r} is not an IPv4 address (IFNAME=IPV4)") from None
+
+
+def _commit(text: str) -> str:
+    if not HEX40.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a 40-hex commit id: branch and tag names move; pin the commit"
+        )
+    return text
+
+
+def _usage_error(cmd: str, msg: str) -> int:
+    print(f"llmfleet {cmd}: {msg}", file=sys.stderr)
+    return 2
+
+
+def _output_problem(path: str) -> str | None:
+    """Why PATH cannot receive a file written atomically (tmp + rename beside it), or None."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if path.endswith(os.sep) or os.path.isdir(path):
+        return f"-o {path} names a directory: give a file name (e.g. {os.path.join(path, 'manifest.json')})"
+    if not os.path.isdir(parent):
+        return f"-o {path}: directory {parent} does not exist: create it first (mkdir -p {parent}) or write elsewhere"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"-o {path}: directory {parent} is not writable by this user: write elsewhere"
+    return None
+
+
+def _read_error(e: OSError) -> str:
+    what = f"{e.filename}: " if e.filename else ""
+    return f"cannot read {what}{e.strerror or e}: the revision is incomplete or unreadable; download or copy it again"
 
 
 def _cmd_node_info(args: argparse.Namespace) -> int:
@@ -29,12 +106,14 @@ def _cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     from .checkpoint import verify
 
     if not os.path.isdir(args.dir):
-        print(f"llmfleet checkpoint verify: {args.dir}: not a directory", file=sys.stderr)
-        return 2
+        return _usage_error("checkpoint verify", f"{args.dir}: not a directory (give the one holding config.json)")
     if args.manifest and not os.path.isfile(args.manifest):
-        print(f"llmfleet checkpoint verify: --manifest {args.manifest}: no such file", file=sys.stderr)
-        return 2
-    report = verify(args.dir, args.manifest, deep=not args.no_hash, threads=args.threads)
+        return _usage_error("checkpoint verify", f"--manifest {args.manifest}: no such file")
+    try:
+        report = verify(args.dir, args.manifest, deep=not args.no_hash, threads=args.threads)
+    except OSError as e:
+        print(f"llmfleet checkpoint verify: {_read_error(e)}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
@@ -51,23 +130,31 @@ def _cmd_checkpoint_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkpoint_manifest(args: argparse.Namespace) -> int:
-    from .checkpoint import HEX40, build_manifest
+    from .checkpoint import build_manifest
 
     if not os.path.isdir(args.dir):
-        print(f"llmfleet checkpoint manifest: {args.dir}: not a directory", file=sys.stderr)
-        return 2
-    if args.revision and not HEX40.match(args.revision):
-        print(f"llmfleet checkpoint manifest: --revision {args.revision!r} is not a 40-hex commit id", file=sys.stderr)
-        return 2
-    manifest = build_manifest(args.dir, threads=args.threads, revision=args.revision)
+        return _usage_error("checkpoint manifest", f"{args.dir}: not a directory (give the one holding config.json)")
+    problem = args.output and _output_problem(args.output)
+    if problem:  # before reading the revision, not after an hour of hashing
+        return _usage_error("checkpoint manifest", problem)
+    try:
+        manifest = build_manifest(args.dir, threads=args.threads, revision=args.revision)
+    except OSError as e:
+        print(f"llmfleet checkpoint manifest: {_read_error(e)}", file=sys.stderr)
+        return 1
     text = json.dumps(manifest, indent=2) + "\n"
-    if args.output:
-        tmp = args.output + ".tmp"
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    tmp = args.output + ".tmp"
+    try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, args.output)
-    else:
-        sys.stdout.write(text)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return _usage_error("checkpoint manifest", f"-o {args.output}: cannot write it: {e.strerror or e}")
     return 0
 
 
@@ -86,8 +173,16 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     import threading
 
     from .checkpoint import build_manifest, load_manifest
-    from .stage import LocalSource, StageError, StageRequest, plan, resolve_source, stage
+    from .stage import LocalSource, StageError, StageRequest, model_dir, plan, resolve_source, stage
 
+    if not os.path.isdir(args.source):
+        return _usage_error("stage", f"{args.source}: not a directory (is the shared storage mounted?)")
+    if args.manifest and not os.path.isfile(args.manifest):
+        return _usage_error("stage", f"--manifest {args.manifest}: no such file (leave it out to build the manifest)")
+    try:
+        model_dir(args.root, args.model)
+    except StageError as e:
+        return _usage_error("stage", f"--model: {e}")
     try:
         src = resolve_source(args.source, args.revision)
         manifest = load_manifest(args.manifest) if args.manifest else None
@@ -141,18 +236,21 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:
-    from .topology import TopologyError, render_env_file, report
+    from .topology import OverrideError, TopologyError, render_env_file, report
 
-    overrides = dict(kv.split("=", 1) for kv in args.override or [])
+    if not os.path.isdir(args.sysfs_root):
+        return _usage_error("topology", f"--sysfs-root {args.sysfs_root}: not a directory")
+    overrides = dict(args.override or [])
     addresses = None
     if args.address:
         addresses = {}
-        for kv in args.address:
-            name, _, ip = kv.partition("=")
+        for name, ip in args.address:
             addresses.setdefault(name, []).append(ip)
     try:
         out = report(args.sysfs_root, node_ip=args.node_ip, overrides=overrides, use_nvml=not args.no_nvml,
                      addresses=addresses)  # fmt: skip
+    except OverrideError as e:
+        return _usage_error("topology", f"--{e}" if str(e).startswith("override") else str(e))
     except TopologyError as e:
         print(f"llmfleet topology: {e}", file=sys.stderr)
         return 1
@@ -191,24 +289,32 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("dir", help="checkpoint directory (holds config.json and the shards)")
     v.add_argument("--manifest", help="manifest JSON to check sizes and sha256 against")
     v.add_argument("--no-hash", action="store_true", help="with --manifest: check sizes only, skip sha256")
-    v.add_argument("--threads", type=int, default=4, help="files hashed in parallel (default 4)")
+    v.add_argument("--threads", type=_at_least(1), default=4, help="files hashed in parallel (default 4)")
     v.add_argument("--json", action="store_true", help="machine-readable output")
     v.set_defaults(func=_cmd_checkpoint_verify)
     m = cks.add_parser("manifest", help="sha256 + size of every file of the revision (JSON)")
     m.add_argument("dir", help="checkpoint directory")
-    m.add_argument("--revision", help="40-hex commit to record (default: from a hub-cache snapshots/<rev> path)")
-    m.add_argument("--threads", type=int, default=4, help="files hashed in parallel (default 4)")
+    m.add_argument(
+        "--revision", type=_commit, help="40-hex commit to record (default: from a hub-cache snapshots/<rev> path)"
+    )
+    m.add_argument("--threads", type=_at_least(1), default=4, help="files hashed in parallel (default 4)")
     m.add_argument("-o", "--output", help="write to this file (atomically) instead of stdout")
     m.add_argument("--json", action="store_true", help="accepted for symmetry: the manifest is always JSON")
     m.set_defaults(func=_cmd_checkpoint_manifest)
 
     tp = sub.add_parser("topology", help="GPUs, HCAs, GIDs, NUMA of this node and the fabric env to export")
     tp.add_argument("--sysfs-root", default="/sys", help="sysfs to read (tests use fake trees)")
-    tp.add_argument("--node-ip", help="this node's fabric IP (picks the socket interface; single-rail GID)")
-    tp.add_argument("--override", action="append", metavar="VAR=VALUE", help="force a value (validated)")
+    tp.add_argument("--node-ip", type=_ipv4, help="this node's fabric IP (picks the socket interface; single-rail GID)")
+    tp.add_argument(
+        "--override", action="append", type=_var_value, metavar="VAR=VALUE", help="force a value (validated)"
+    )
     tp.add_argument("--no-nvml", action="store_true", help="do not use NVML even when installed")
     tp.add_argument(
-        "--address", action="append", metavar="IFNAME=IPV4", help="interface addresses to use (for a copied sysfs tree)"
+        "--address",
+        action="append",
+        type=_ifname_ipv4,
+        metavar="IFNAME=IPV4",
+        help="interface addresses to use (for a copied sysfs tree)",
     )
     tp.add_argument("--json", action="store_true")
     tp.set_defaults(func=_cmd_topology)
@@ -216,11 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stage", help="stage a pinned revision onto this node's NVMe (with a progress bar)")
     st.add_argument("source", help="checkpoint dir, hub-cache models--org--name dir, or snapshots/<rev> dir")
     st.add_argument("--model", required=True, help="model name (directory under --root)")
-    st.add_argument("--revision", required=True, help="40-hex commit of the revision")
+    st.add_argument("--revision", required=True, type=_commit, help="40-hex commit of the revision")
     st.add_argument("--root", default="/mnt/nvme/models", help="staging root (default /mnt/nvme/models)")
     st.add_argument("--manifest", help="manifest JSON (default: build it, reading the source once)")
-    st.add_argument("--threads", type=int, default=4)
-    st.add_argument("--keep", type=int, default=2, help="published revisions to keep")
+    st.add_argument("--threads", type=_at_least(1), default=4, help="concurrent file copies (default 4)")
+    st.add_argument(
+        "--keep", type=_at_least(1), default=2, help="published revisions to keep (default 2; current is always kept)"
+    )
     st.add_argument("--deep-verify", action="store_true", help="re-hash a published revision")
     st.add_argument("--check", action="store_true", help="say what would be copied, change nothing")
     st.add_argument("--json", action="store_true")
@@ -243,3 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.print_help(sys.stderr)
         return 2
     return args.func(args)
+
+
+if __name__ == "__main__":  # python -m llmfleet.cli
+    sys.exit(main())

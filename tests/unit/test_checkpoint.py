@@ -120,17 +120,36 @@ def test_each_corruption_is_named(ckpt, label, damage, file, kind, text):
     ]
 
 
-@pytest.mark.parametrize("entry", ["../outside.safetensors", "/etc/passwd", "sub/x.safetensors", "..", ""])
-def test_index_entries_outside_the_revision_are_bad_input(ckpt, entry):
+@pytest.mark.parametrize(
+    "entry", ["../outside.safetensors", "../../../../etc/passwd", "/etc/passwd", "sub/x.safetensors", "..", "", 7]
+)
+def test_index_entries_outside_the_revision_are_a_failed_verification(ckpt, entry):
+    """A hostile index is something verify found in the checkpoint (exit 1, culprit named), not bad usage."""
     idx = json.loads((ckpt / checkpoint.INDEX_NAME).read_text())
     idx["weight_map"]["model.layers.0.w0.weight"] = entry
     (ckpt / checkpoint.INDEX_NAME).write_text(json.dumps(idx))
     r = checkpoint.verify(str(ckpt))
     assert (checkpoint.INDEX_NAME, "unsafe_path") in kinds(r)
-    assert r.bad_input
+    assert not r.bad_input and not r.ok
     cp = cli("checkpoint", "verify", str(ckpt))
-    assert cp.returncode == 2
-    assert "unsafe_path" in cp.stdout and "not a plain file name" in cp.stdout
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    assert (
+        f"PROBLEM {checkpoint.INDEX_NAME}: unsafe_path: weight_map['model.layers.0.w0.weight'] = {entry!r}" in cp.stdout
+    )
+    assert "Traceback" not in cp.stderr
+    js = cli("checkpoint", "verify", str(ckpt), "--json")
+    assert js.returncode == 1
+    [p] = [p for p in json.loads(js.stdout)["problems"] if p["kind"] == "unsafe_path"]
+    assert p["file"] == checkpoint.INDEX_NAME and "model.layers.0.w0.weight" in p["message"] and p["fix"]
+
+
+def test_unreadable_file_in_the_revision_is_named_not_a_traceback(ckpt):
+    """A hub snapshot whose blob is missing (interrupted download) leaves a dangling symlink."""
+    (ckpt / "merges.txt").symlink_to(ckpt / "../blobs/0123abcd")
+    cp = cli("checkpoint", "manifest", str(ckpt))
+    assert cp.returncode == 1 and "Traceback" not in cp.stderr
+    assert f"cannot read {ckpt / 'merges.txt'}: No such file or directory" in cp.stderr
+    assert "download or copy it again" in cp.stderr
 
 
 def test_single_file_checkpoint_and_exotic_dtypes(tmp_path):

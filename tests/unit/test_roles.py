@@ -1,5 +1,6 @@
 """Every role has argument_specs in sync with its defaults, and a molecule scenario on the lab."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,128 @@ def test_molecule_scenario_uses_the_lab(role):
     assert seq.index("converge") < seq.index("idempotence") < seq.index("verify")
     verify = (scen / "verify.yml").read_text()
     assert "ansible.builtin.assert" in verify, f"{role.name}: verify.yml asserts nothing"
+
+
+# ---- the specs reject wrong types and values --------------------------------------------------------
+
+SAMPLE = {"str": "x", "path": "/x", "int": 1, "float": 1.0, "bool": True, "list": [], "dict": {}, "raw": "x"}
+
+
+def spec_of(role_name):
+    return yaml.safe_load((ROOT / "roles" / role_name / "meta/argument_specs.yml").read_text())["argument_specs"][
+        "main"
+    ]
+
+
+def validate(role_name, values):
+    """Error messages of ansible's role argument validation (what runs first when a role starts)."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    spec = spec_of(role_name)["options"]
+    given = yaml.safe_load((ROOT / "roles" / role_name / "defaults/main.yml").read_text()) or {}
+    for name, opt in spec.items():
+        if opt.get("required"):
+            given.setdefault(name, (opt.get("choices") or [SAMPLE[opt.get("type", "str")]])[0])
+    given.update(values)
+    return ArgumentSpecValidator(spec).validate(given, validate_role_argument_spec=True).error_messages
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_defaults_pass_their_own_spec(role):
+    assert validate(role.name, {}) == []
+
+
+# Enumerated variables and the code that defines their values: the spec's choices must be exactly these.
+ENUMERATED = {
+    ("nccl_check", "nccl_check_backend"): ["nccl", "gloo"],  # collective_check's backend choices
+    ("nccl_check", "nccl_check_ops"): "llmfleet.collcheck.OPS",
+}
+
+
+@pytest.mark.parametrize(("role", "var"), sorted(ENUMERATED), ids=lambda v: v)
+def test_enumerated_variables_have_choices(role, var):
+    import importlib
+
+    want = ENUMERATED[(role, var)]
+    if isinstance(want, str):
+        mod, _, attr = want.rpartition(".")
+        want = list(getattr(importlib.import_module(mod), attr))
+    assert spec_of(role)["options"][var].get("choices") == want
+
+
+BAD_VALUES = [
+    # (role, variable, value, text of the error)
+    ("nccl_check", "nccl_check_backend", "mpi", "value of nccl_check_backend must be one of: nccl, gloo, got: mpi"),
+    ("nccl_check", "nccl_check_backend", "NCCL", "nccl_check_backend must be one of"),
+    ("nccl_check", "nccl_check_ops", ["all_reduce", "alltoall"], "value of nccl_check_ops must be one or more of: all_reduce, broadcast, sendrecv, all_gather. Got no match for: alltoall"),
+    ("nccl_check", "nccl_check_iters", "many", "argument 'nccl_check_iters' is of type str and we were unable to convert to int"),
+    ("nccl_check", "nccl_check_pairwise", "sometimes", "argument 'nccl_check_pairwise' is of type str and we were unable to convert to bool"),
+    ("nccl_check", "nccl_check_busbw_floors", 400, "argument 'nccl_check_busbw_floors' is of type int and we were unable to convert to dict"),
+    ("model_stage", "model_stage_max_source_readers", "two", "argument 'model_stage_max_source_readers' is of type str and we were unable to convert to int"),
+    ("model_stage", "model_stage_threads", 2.5, "argument 'model_stage_threads' is of type float and we were unable to convert to int"),
+    ("model_stage", "model_stage_deep_verify", "maybe", "'model_stage_deep_verify' is of type str and we were unable to convert to bool"),
+    ("preflight", "preflight_ports", ["http"], "Elements value for option 'preflight_ports' is of type str and we were unable to convert to int"),
+    ("preflight", "preflight_max_clock_offset_s", "fast", "'preflight_max_clock_offset_s' is of type str and we were unable to convert to float"),
+    ("topology", "topology_overrides", ["NCCL_IB_HCA", "mlx5_0"], "'topology_overrides' is of type list and we were unable to convert to dict"),
+    ("topology", "topology_use_nvml", "maybe", "'topology_use_nvml' is of type str and we were unable to convert to bool"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("role", "var", "value", "text"), BAD_VALUES, ids=[f"{c[1]}={c[2]}" for c in BAD_VALUES])
+def test_wrong_type_or_choice_is_rejected_naming_the_variable(role, var, value, text):
+    errors = validate(role, {var: value})
+    assert any(text in e for e in errors), errors
+
+
+# Ranges are checked by each role's first tasks (ansible.builtin.assert); run them through ansible-playbook.
+PLAYBOOK = """
+- name: Start a role with bad variables
+  hosts: all
+  gather_facts: false
+  roles:
+    - role: "{{ role_under_test }}"
+"""
+STAGE_REQUIRED = {"model_stage_model": "m", "model_stage_revision": "c" * 40, "model_stage_source": "/nonexistent"}
+RANGES = [
+    # (role, extra vars, text of the failure)
+    ("model_stage", {**STAGE_REQUIRED, "model_stage_max_source_readers": 0}, "model_stage_max_source_readers=0 is out of range: it must be >= 1"),
+    ("model_stage", {**STAGE_REQUIRED, "model_stage_threads": -1}, "model_stage_threads=-1 is out of range: it must be >= 1"),
+    ("model_stage", {**STAGE_REQUIRED, "model_stage_keep": 0}, "model_stage_keep=0 is out of range: it must be >= 1"),
+    ("model_stage", {**STAGE_REQUIRED, "model_stage_peer_port": 70000}, "model_stage_peer_port=70000 is out of range: it must be between 0 and 65535"),
+    ("nccl_check", {"nccl_check_ranks_per_node": 0}, "nccl_check_ranks_per_node=0 is out of range: it must be >= 1"),
+    ("nccl_check", {"nccl_check_iters": 0}, "nccl_check_iters=0 is out of range"),
+    ("nccl_check", {"nccl_check_sizes": ["8", "1X"]}, "nccl_check_sizes item 1X: not a size in bytes per rank"),
+    ("nccl_check", {"nccl_check_sizes": ["8", "1M"]}, "nccl_check_reference_size=1G is not one of nccl_check_sizes"),
+    ("nccl_check", {"nccl_check_backend": "mpi"}, "value of nccl_check_backend must be one of: nccl, gloo, got: mpi"),
+    ("preflight", {"preflight_ports": [0, 29500]}, "preflight_ports=[0, 29500]: 0 is not a TCP port (1-65535)"),
+    ("preflight", {"preflight_max_clock_offset_s": 0}, "preflight_max_clock_offset_s=0 is out of range: it must be > 0"),
+    ("preflight", {"preflight_gpus_per_node": -8}, "preflight_gpus_per_node=-8 is out of range: it must be >= 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("role", "extra", "text"), RANGES, ids=["{}={}".format(*list(c[1].items())[-1]) for c in RANGES]
+)
+def test_out_of_range_variables_fail_before_the_role_does_anything(tmp_path, role, extra, text):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "play.yml").write_text(PLAYBOOK)
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{bindir}:{os.environ['PATH']}",
+           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp")}  # fmt: skip
+    cp = subprocess.run(
+        [f"{bindir}/ansible-playbook", "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml"),
+         "-e", json.dumps({"role_under_test": role, **extra})],
+        capture_output=True, text=True, check=False, timeout=120, cwd=ROOT, env=env,
+    )  # fmt: skip
+    out = " ".join((cp.stdout + cp.stderr).split())  # the callback folds long messages
+    assert cp.returncode == 2, out
+    assert text in out, out
+    # the role stopped at its first tasks: ansible's argument validation or the role's own validate file
+    assert "Validation of arguments failed" in out or re.search(
+        rf"Origin: \S+/roles/{role}/tasks/(0005|0010)-validate\.yml", out
+    )
+    assert "changed=0" in out and "Traceback" not in out

@@ -137,6 +137,40 @@ def test_overrides_are_validated_against_what_exists(tmp_path, overrides, error)
                 addrs(RAILS_A, "10.0.0.11"), overrides)  # fmt: skip
 
 
+MALFORMED = [
+    # (overrides, extra_env, error): each used to raise a bare ValueError, or to write a broken env file
+    ({"NCCL_IB_GID_INDEX": "three"}, {}, "override NCCL_IB_GID_INDEX=three: not a GID table index"),
+    ({"NCCL_IB_GID_INDEX": "-1"}, {}, "not a GID table index"),
+    ({"NCCL_IB_GID_INDEX": " 3"}, {}, "not a GID table index"),
+    ({"NCCL_IB_HCA": "mlx5_0:one"}, {}, r"'mlx5_0:one' is not HCA\[:PORT\]"),
+    ({"NCCL_IB_HCA": "=mlx5_0:1,:1"}, {}, r"':1' is not HCA\[:PORT\]"),
+    ({"": "x"}, {}, "override '': not an environment variable name"),
+    ({"NCCL DEBUG": "INFO"}, {}, "override 'NCCL DEBUG': not an environment variable name"),
+    ({"NCCL_DEBUG": "INFO\nLD_PRELOAD=/tmp/x.so"}, {}, "override NCCL_DEBUG: the value holds a line break"),
+    ({}, {"1BAD": "0"}, "extra variable '1BAD': not an environment variable name"),
+    ({}, {"NCCL_NVLS_ENABLE": "0\n"}, "extra variable NCCL_NVLS_ENABLE: the value holds a line break"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "extra", "error"), MALFORMED)
+def test_malformed_overrides_are_bad_input(tmp_path, overrides, extra, error):
+    hgx_h20(tmp_path, RAILS_A, mgmt_ip="10.0.0.11")
+    with pytest.raises(topology.OverrideError, match=error):
+        topology.report(str(tmp_path), node_ip="10.0.0.11", overrides=overrides, extra_env=extra, use_nvml=False,
+                        addresses=addrs(RAILS_A, "10.0.0.11"))  # fmt: skip
+    # also on a node without RoCE ports, where the GID index used to pass through unchecked
+    with pytest.raises(topology.OverrideError, match=error):
+        topology.report(str(tmp_path / "empty"), overrides=overrides, extra_env=extra, use_nvml=False, addresses={})
+
+
+def test_override_errors_are_override_errors(tmp_path):
+    """Overrides naming what is not on the node are the caller's input (CLI exit 2), still TopologyErrors."""
+    with pytest.raises(topology.OverrideError, match="mlx5_9:1 does not exist"):
+        env_for(tmp_path, lambda r: hgx_h20(r, RAILS_A, mgmt_ip="10.0.0.11"), "10.0.0.11", addrs(RAILS_A, "10.0.0.11"),
+                {"NCCL_IB_HCA": "mlx5_9"})  # fmt: skip
+    assert issubclass(topology.OverrideError, topology.TopologyError)
+
+
 def test_valid_overrides_win(tmp_path):
     _, out = env_for(tmp_path, lambda r: hgx_h20(r, RAILS_A, mgmt_ip="10.0.0.11"), "10.0.0.11", addrs(RAILS_A, "10.0.0.11"),
                      {"NCCL_IB_HCA": "mlx5_1:1,mlx5_0", "NCCL_IB_GID_INDEX": "3", "NCCL_CROSS_NIC": "0"})  # fmt: skip
