@@ -26,7 +26,7 @@ def llmfleet_duplicates(mapping: Mapping) -> dict:
 
 def llmfleet_pair_rounds(nodes: list) -> list:
     """Rounds of node pairs (each node at most once per round): every pair exactly once."""
-    from llmfleet.collcheck import pair_rounds
+    from llmfleet.collverdict import pair_rounds
 
     return [[list(p) for p in r] for r in pair_rounds(list(nodes))]
 
@@ -47,89 +47,21 @@ def llmfleet_collcheck_verdict(by_node: Mapping, floors: Mapping | None = None, 
     """Verdict of the three phases from every node's results: {node: {_nccl_check_single,
     _nccl_check_full, _nccl_check_pairs}} -> ok, culprit ranks, bad/slow nodes, bad links, one line each.
     floors: {GPU model substring: GB/s} for the single-node all_reduce busbw at ref_bytes."""
-    from llmfleet.collcheck import isolate, judge, slow_nodes
+    from llmfleet.collverdict import fleet_verdict
 
-    single = {n: bool((v.get("_nccl_check_single") or {}).get("ok")) for n, v in by_node.items()}
-    full_ranks = [r for v in by_node.values() for r in (v.get("_nccl_check_full") or {}).get("ranks", [])]
-    full = judge(full_ranks)
-    pairs: dict = {}
-    for v in by_node.values():
-        for p in v.get("_nccl_check_pairs") or []:
-            key = tuple(sorted(p["pair"]))
-            pairs[key] = pairs.get(key, True) and bool(p["ok"])
-    iso = (
-        isolate(single, pairs)
-        if pairs
-        else {"bad_nodes": sorted(n for n, ok in single.items() if not ok), "bad_links": []}
-    )
-    slow = slow_nodes(
-        {n: (v.get("_nccl_check_single") or {}).get("ranks", []) for n, v in by_node.items()},
-        dict(floors or {}),
-        dict(models or {}),
-        int(ref_bytes),
-    )
-    ok = all(single.values()) and full["ok"] and not slow
-    lines = [
-        "phase 1 (each node alone): " + ", ".join(f"{n} {'PASS' if o else 'FAIL'}" for n, o in sorted(single.items())),
-        f"phase 2 (full world, {len(full_ranks)} ranks): {full['verdict']}",
-    ]
-    if pairs:
-        lines.append(
-            "phase 3 (pairs): " + ", ".join(f"{a}+{b} {'PASS' if o else 'FAIL'}" for (a, b), o in sorted(pairs.items()))
-        )
-    culprits = []
-    if full["culprit_ranks"]:
-        culprits.append(f"rank(s) {full['culprit_ranks']} contribute wrong values")
-    if iso["bad_nodes"]:
-        culprits.append(f"bad node(s): {', '.join(iso['bad_nodes'])}")
-    if iso["bad_links"]:
-        culprits.append(f"bad link(s): {', '.join(iso['bad_links'])}")
-    if full["missing_ranks"]:
-        culprits.append(f"rank(s) {full['missing_ranks']} never arrived")
-    for n, why in sorted(slow.items()):
-        culprits.append(f"slow node {n}: {why}")
-    verdict = "PASS: every phase exact" if ok else "FAIL: " + ("; ".join(culprits) or full["verdict"])
-    lines.append("verdict: " + verdict)
-    return {"ok": ok, "verdict": verdict, "lines": lines, "single": single, "full": full, "slow_nodes": slow,
-            "pairs": [{"pair": list(k), "ok": v} for k, v in sorted(pairs.items())], **iso,
-            "ranks": full_ranks}  # fmt: skip
+    return fleet_verdict(by_node, floors, ref_bytes, models)
 
 
 def llmfleet_engine_plan(spec: Mapping, node_rank: int) -> dict:
     """Everything one node's unit needs: argv, the ExecStart line, the READY rule, whether it serves
     the API, ranks per node and the loader fan-out. Errors name the variable to fix."""
-    from llmfleet.engine import (
-        PlanError,
-        check_layout,
-        loader_fanout,
-        ready_rule,
-        render_argv,
-        serves_api,
-        shell_line,
-        systemd_command_line,
-    )
+    from llmfleet.engine import PlanError
+    from llmfleet.plan import node_plan
 
-    spec = dict(spec)
-    rank = int(node_rank)
     try:
-        argv = render_argv(spec, rank)
-        nnodes = 1 if spec["profile"] == "vllm_pd" else int(spec.get("nnodes") or 1)
-        rpn = check_layout(int(spec.get("tp") or 1), int(spec.get("pp") or 1), nnodes)
+        return node_plan(spec, node_rank)
     except PlanError as e:
         raise AnsibleFilterError(str(e)) from e
-    threads = spec.get("loader_threads") or None
-    return {
-        "argv": argv,
-        "exec_line": systemd_command_line(argv),
-        "shell_line": shell_line(argv),
-        "ready": ready_rule(spec["profile"], rank, nnodes, rpn, argv),
-        "serves_api": serves_api(spec["profile"], rank),
-        "ranks_per_node": rpn,
-        "nnodes": nnodes,
-        "fanout": loader_fanout(
-            spec["profile"], nnodes, rpn, int(threads) if threads else None, bool(spec.get("shared_storage"))
-        ),
-    }
 
 
 def llmfleet_systemd_line(argv: list) -> str:

@@ -9,7 +9,8 @@ launcher can say which ranks never arrived or stalled.
     python -m llmfleet.collcheck local --nproc N ...   (N ranks of a single-node world on this host)
 
 The module imports only the stdlib at load time (torch is imported inside the rank), so the same file
-works as ansible.module_utils.llmfleet.collcheck.
+works as ansible.module_utils.llmfleet.collcheck. What the results mean (one world's verdict, the
+fleet's after every phase) is llmfleet.collverdict.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from .collverdict import judge
 
 OPS = ("all_reduce", "broadcast", "sendrecv", "all_gather")
 DTYPES = ("fp32", "bf16")
@@ -400,35 +403,6 @@ def collect(procs: list[tuple[int, Any]], seconds: float) -> list[dict[str, Any]
     return out
 
 
-def judge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Verdict for one world: ok, the culprit ranks (wrong contribution), ranks that never arrived
-    or stalled, and one line saying so."""
-    bad_values = sorted({c for r in ranks for c in r.get("culprit_ranks", [])})
-    wrong_ranks = sorted(r["rank"] for r in ranks if r.get("wrong"))
-    missing: set[int] = set()
-    for r in ranks:
-        for k, v in (r.get("stalled") or {}).items():
-            if v == "missing":
-                missing.add(int(k))
-    errored = sorted(r["rank"] for r in ranks if r.get("error"))
-    ok = all(r.get("ok") for r in ranks) and len(ranks) > 0
-    if ok:
-        line = f"PASS: {len(ranks)} ranks, every element exact"
-    elif bad_values:
-        line = f"FAIL: wrong values on ranks {wrong_ranks}; the contribution of rank(s) {bad_values} is wrong"
-    elif missing:
-        line = f"FAIL: rank(s) {sorted(missing)} never arrived; ranks {errored} gave up"
-    elif wrong_ranks:
-        line = f"FAIL: wrong values on ranks {wrong_ranks} (no single rank's contribution is at fault: check links)"
-    else:
-        line = (
-            f"FAIL: ranks {errored} failed: "
-            + "; ".join(str(r.get("error"))[:120] for r in ranks if r.get("error"))[:400]
-        )
-    return {"ok": ok, "culprit_ranks": bad_values, "missing_ranks": sorted(missing), "failed_ranks": errored,
-            "verdict": line}  # fmt: skip
-
-
 def _common_args(a: argparse.Namespace) -> list[str]:
     return ["--backend", a.backend, "--ops", ",".join(a.ops), "--dtypes", ",".join(a.dtypes),
             "--sizes", ",".join(map(str, a.sizes)), "--iters", str(a.iters), "--warmup", str(a.warmup),
@@ -491,10 +465,6 @@ def _default_backend() -> str:
         return "gloo"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 # ---- a node's share of a (multi-node) world, for the Ansible module -----------------------------------
 
 
@@ -546,50 +516,5 @@ def rank_argv(spec: dict[str, Any], rank: int, local: int, numactl: str | None) 
     return argv
 
 
-def slow_nodes(single: dict[str, list[dict[str, Any]]], floors: dict[str, float], models: dict[str, str | None],
-               ref_bytes: int) -> dict[str, str]:  # fmt: skip
-    """Nodes whose single-node all_reduce busbw at the reference size is below the floor for their
-    GPU model: {node: reason}. A model with no floor (or no measurement at that size) is not judged."""
-    out = {}
-    for node, ranks in single.items():
-        model = models.get(node) or ""
-        # longest name first: "H200" must not be judged by the "H20" floor
-        names = sorted((n for n in floors if n), key=len, reverse=True)
-        floor = next((floors[n] for n in names if n.lower() in model.lower()), None)
-        if floor is None or not ranks:
-            continue
-        got = [x["busbw_GBps"] for x in ranks[0].get("results", []) if x.get("op") == "all_reduce"
-               and x.get("bytes") == ref_bytes and "busbw_GBps" in x]  # fmt: skip
-        if got and min(got) < floor:
-            out[node] = f"all_reduce busbw {min(got):.0f} GB/s at {ref_bytes} B < floor {floor:.0f} GB/s for {model}"
-    return out
-
-
-def pair_rounds(nodes: list[str]) -> list[list[tuple[str, str]]]:
-    """Every pair of nodes exactly once, in rounds where each node is in at most one pair
-    (circle method), so a round's pairs run in parallel."""
-    ns = list(nodes) + ([None] if len(nodes) % 2 else [])
-    n = len(ns)
-    rounds = []
-    for _ in range(n - 1):
-        pairs = [(ns[i], ns[n - 1 - i]) for i in range(n // 2)]
-        rounds.append([tuple(sorted(p)) for p in pairs if None not in p])
-        ns = [ns[0], ns[-1], *ns[1:-1]]
-    return [r for r in rounds if r]
-
-
-def isolate(single: dict[str, bool], pairs: dict[tuple[str, str], bool]) -> dict[str, Any]:
-    """Name the bad node(s) / link(s) from single-node results and pairwise results: a node that
-    fails alone, or that fails with every partner while those partners pass elsewhere, is bad; a
-    failing pair of otherwise-good nodes is a bad link."""
-    bad_nodes = {n for n, ok in single.items() if not ok}
-    nodes = [n for n in single if single[n]]
-    for n in nodes:
-        mine = [ok for (a, b), ok in pairs.items() if n in (a, b)]
-        others_ok = any(ok for (a, b), ok in pairs.items() if n not in (a, b))
-        if mine and not any(mine) and others_ok:
-            bad_nodes.add(n)
-    bad_links = sorted(
-        f"{a}<->{b}" for (a, b), ok in pairs.items() if not ok and a not in bad_nodes and b not in bad_nodes
-    )
-    return {"bad_nodes": sorted(bad_nodes), "bad_links": bad_links}
+if __name__ == "__main__":
+    sys.exit(main())

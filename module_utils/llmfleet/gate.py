@@ -32,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .preflight import connect_state
+from .net import connect_state
 
 PHASE_ORDER = ("started", "dist_init", "dist_ready", "loading", "loaded", "warmup", "warm", "serving")
 SHOW_PROPS = "ActiveState,SubState,Result,NRestarts,ExecMainCode,ExecMainStatus,MainPID,InvocationID"

@@ -14,7 +14,8 @@ NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0302", "0x0300")  # 3D controller (datacenter GPUs), VGA
 
 
-def _read(path: str, default: str = "") -> str:
+def read_text(path: str, default: str = "") -> str:
+    """A small file's text, stripped (a sysfs or procfs attribute); default when it cannot be read."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read().strip()
@@ -51,7 +52,10 @@ def nvidia_gpus(sys_root: str = "/sys") -> list[str]:
         return out
     for bdf in names:
         dev = os.path.join(base, bdf)
-        if _read(os.path.join(dev, "vendor")) == NVIDIA_VENDOR and _read(os.path.join(dev, "class"))[:6] in GPU_CLASSES:
+        if (
+            read_text(os.path.join(dev, "vendor")) == NVIDIA_VENDOR
+            and read_text(os.path.join(dev, "class"))[:6] in GPU_CLASSES
+        ):
             out.append(bdf)
     return out
 
@@ -73,20 +77,20 @@ def gather(
     proc_root: str = "/proc", sys_root: str = "/sys", nvme: str = "/mnt/nvme", shared: str = "/mnt/shared"
 ) -> dict[str, Any]:
     """One node's identity and capacity, for the summary report and preflight."""
-    environ1 = _read(os.path.join(proc_root, "1/environ")).split("\0")
+    environ1 = read_text(os.path.join(proc_root, "1/environ")).split("\0")
     container = next((e.split("=", 1)[1] for e in environ1 if e.startswith("container=")), "")
-    mountinfo = _read(os.path.join(proc_root, "self/mountinfo"))
+    mountinfo = read_text(os.path.join(proc_root, "self/mountinfo"))
     shared_opts = mount_options(mountinfo, shared)
     return {
         "hostname": socket.gethostname(),
-        "machine_id": _read("/etc/machine-id"),
-        "boot_id": _read(os.path.join(proc_root, "sys/kernel/random/boot_id")),
-        "pid1": _read(os.path.join(proc_root, "1/comm")),
+        "machine_id": read_text("/etc/machine-id"),
+        "boot_id": read_text(os.path.join(proc_root, "sys/kernel/random/boot_id")),
+        "pid1": read_text(os.path.join(proc_root, "1/comm")),
         "container": container,
         "kernel": platform.release(),
         "python": platform.python_version(),
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "mem_total_bytes": meminfo_kib(_read(os.path.join(proc_root, "meminfo"))) * 1024,
+        "mem_total_bytes": meminfo_kib(read_text(os.path.join(proc_root, "meminfo"))) * 1024,
         "gpus": nvidia_gpus(sys_root),
         "nvme": disk(nvme),
         "shared": {

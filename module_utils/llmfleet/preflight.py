@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from .net import connect_state
 from .nodeinfo import nvidia_gpus
 from .topology import hcas_from_sysfs
 
@@ -142,19 +143,6 @@ def measure(
                        timeout=120)  # fmt: skip
         m["nccl_version"] = out.strip().splitlines()[-1] if rc == 0 and out.strip() else f"error: {out.strip()[-200:]}"
     return m
-
-
-def connect_state(ip: str, port: int, timeout: float) -> str:
-    """open, refused, timeout or the OSError name for one TCP connect."""
-    try:
-        with socket.create_connection((ip, port), timeout=timeout):
-            return "open"
-    except ConnectionRefusedError:
-        return "refused"
-    except TimeoutError:
-        return "timeout"
-    except OSError as e:
-        return type(e).__name__
 
 
 def probe_ports(

@@ -14,7 +14,7 @@ import socket
 import struct
 from typing import Any
 
-from .nodeinfo import _read
+from .nodeinfo import read_text
 
 NVIDIA = "0x10de"
 GPU_CLASSES = ("0x0302", "0x0300")
@@ -25,6 +25,41 @@ BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 class TopologyError(ValueError):
     """Discovery or an override cannot give a correct environment; the message says what to fix."""
+
+
+class OverrideError(TopologyError):
+    """A value the caller supplied (an override or an extra variable) is malformed or names what is
+    not on this node: bad input (CLI exit 2), not a fault found on the node. ``source`` says which:
+    "overrides" or "extra_env"."""
+
+    def __init__(self, message: str, source: str = "overrides") -> None:
+        super().__init__(message)
+        self.source = source
+
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env_vars(values: dict[str, Any], source: str = "overrides") -> None:
+    """Names and values that can be written as one NAME=VALUE line of an env file."""
+    what = "override" if source == "overrides" else "extra variable"
+    for k, v in values.items():
+        if not isinstance(k, str) or not ENV_NAME.match(k):
+            raise OverrideError(
+                f"{what} {k!r}: not an environment variable name (letters, digits and '_', not starting with a digit)",
+                source,
+            )
+        if any(c in str(v) for c in "\n\r\0"):
+            raise OverrideError(f"{what} {k}: the value holds a line break or NUL; give a one-line value", source)
+
+
+def check_overrides(overrides: dict[str, Any]) -> None:
+    """What can be checked of overrides without the node (names, one-line values, numbers)."""
+    check_env_vars(overrides)
+    if "NCCL_IB_GID_INDEX" in overrides:
+        _gid_index(overrides["NCCL_IB_GID_INDEX"])
+    if "NCCL_IB_HCA" in overrides:
+        _hca_list(overrides["NCCL_IB_HCA"])
 
 
 def parse_cpulist(text: str) -> list[int]:
@@ -77,11 +112,11 @@ def pci_device(sys_root: str, bdf: str) -> dict[str, Any]:
     d = os.path.join(sys_root, "bus/pci/devices", bdf)
     return {
         "bdf": bdf,
-        "vendor": _read(os.path.join(d, "vendor")),
-        "device": _read(os.path.join(d, "device")),
-        "class": _read(os.path.join(d, "class")),
-        "numa_node": _numa(_read(os.path.join(d, "numa_node"), "-1")),
-        "local_cpulist": _read(os.path.join(d, "local_cpulist")),
+        "vendor": read_text(os.path.join(d, "vendor")),
+        "device": read_text(os.path.join(d, "device")),
+        "class": read_text(os.path.join(d, "class")),
+        "numa_node": _numa(read_text(os.path.join(d, "numa_node"), "-1")),
+        "local_cpulist": read_text(os.path.join(d, "local_cpulist")),
         "path": pci_path(sys_root, bdf),
     }
 
@@ -151,21 +186,21 @@ def _port_info(pdir: str) -> dict[str, Any]:
     gids = []
     gdir = os.path.join(pdir, "gids")
     for name in sorted(os.listdir(gdir), key=int) if os.path.isdir(gdir) else []:
-        gid = _read(os.path.join(gdir, name))
+        gid = read_text(os.path.join(gdir, name))
         gids.append(
             {
                 "index": int(name),
                 "gid": gid,
-                "type": _read(os.path.join(pdir, "gid_attrs/types", name)),
-                "ndev": _read(os.path.join(pdir, "gid_attrs/ndevs", name)),
+                "type": read_text(os.path.join(pdir, "gid_attrs/types", name)),
+                "ndev": read_text(os.path.join(pdir, "gid_attrs/ndevs", name)),
                 "ipv4": gid_ipv4(gid),
             }
         )
     return {
-        "state": num_text(_read(os.path.join(pdir, "state"))),
-        "phys_state": num_text(_read(os.path.join(pdir, "phys_state"))),
-        "link_layer": _read(os.path.join(pdir, "link_layer")),
-        "rate": _read(os.path.join(pdir, "rate")),
+        "state": num_text(read_text(os.path.join(pdir, "state"))),
+        "phys_state": num_text(read_text(os.path.join(pdir, "phys_state"))),
+        "link_layer": read_text(os.path.join(pdir, "link_layer")),
+        "rate": read_text(os.path.join(pdir, "rate")),
         "gids": gids,
     }
 
@@ -221,8 +256,8 @@ def netdevs_from_sysfs(sys_root: str, addresses: dict[str, list[str]] | None = N
             ips = [ip] if ip else []
         out.append({
             "name": name,
-            "operstate": _read(os.path.join(d, "operstate")),
-            "address": _read(os.path.join(d, "address")),
+            "operstate": read_text(os.path.join(d, "operstate")),
+            "address": read_text(os.path.join(d, "address")),
             "pci": os.path.basename(dev) if dev and BDF.match(os.path.basename(dev)) else None,
             "ipv4": ips or [],
         })  # fmt: skip
@@ -235,7 +270,7 @@ def numa_nodes(sys_root: str) -> dict[int, list[int]]:
     for name in os.listdir(base) if os.path.isdir(base) else []:
         m = re.fullmatch(r"node(\d+)", name)
         if m:
-            out[int(m.group(1))] = parse_cpulist(_read(os.path.join(base, name, "cpulist")))
+            out[int(m.group(1))] = parse_cpulist(read_text(os.path.join(base, name, "cpulist")))
     return dict(sorted(out.items()))
 
 
@@ -342,6 +377,7 @@ def _gid_env(active: list, port: dict, overrides: dict, warnings: list[str]) -> 
 def fabric_env(topo: dict[str, Any], overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """The environment every rank gets, plus warnings and the per-port choices behind it."""
     overrides = dict(overrides or {})
+    check_overrides(overrides)
     warnings: list[str] = []
     env: dict[str, str] = {}
     node_ip = topo.get("node_ip")
@@ -382,30 +418,49 @@ def fabric_env(topo: dict[str, Any], overrides: dict[str, str] | None = None) ->
         if k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
             name = str(v).lstrip("=^")
             if name not in {n["name"] for n in topo["netdevs"]}:
-                raise TopologyError(f"override {k}={v}: no interface {name!r} on this node")
+                raise OverrideError(f"override {k}={v}: no interface {name!r} on this node")
         env[k] = str(v)
     return {"env": env, "warnings": warnings, "socket_ifname": ifname, "ib_ports": [f"{h}:{p}" for h, p in active]}
 
 
-def _validate_hca_override(value: str, port: dict[tuple[str, int], dict[str, Any]]) -> list[tuple[str, int]]:
+def _hca_list(value: Any) -> list[tuple[str, int]]:
+    """'=mlx5_0:1,mlx5_1' -> [('mlx5_0', 1), ('mlx5_1', 1)] (port 1 when left out)."""
     out = []
     for item in str(value).lstrip("=").split(","):
         name, _, p = item.strip().partition(":")
-        pnum = int(p) if p else 1
+        if not name or (p and not re.fullmatch(r"[0-9]+", p)):
+            raise OverrideError(
+                f"override NCCL_IB_HCA={value}: {item.strip()!r} is not HCA[:PORT] (e.g. =mlx5_0:1,mlx5_1:1)"
+            )
+        out.append((name, int(p) if p else 1))
+    return out
+
+
+def _validate_hca_override(value: str, port: dict[tuple[str, int], dict[str, Any]]) -> list[tuple[str, int]]:
+    out = []
+    have = ", ".join(f"{h}:{q}" for h, q in port) or "none"
+    for name, pnum in _hca_list(value):
         if (name, pnum) not in port:
-            raise TopologyError(f"override NCCL_IB_HCA: {name}:{pnum} does not exist here (have: "
-                                f"{', '.join(f'{h}:{q}' for h, q in port)})")  # fmt: skip
+            raise OverrideError(f"override NCCL_IB_HCA: {name}:{pnum} does not exist here (have: {have})")
         if port[(name, pnum)]["state"] != "ACTIVE":
-            raise TopologyError(f"override NCCL_IB_HCA: {name}:{pnum} is {port[(name, pnum)]['state']}, not ACTIVE")
+            raise OverrideError(f"override NCCL_IB_HCA: {name}:{pnum} is {port[(name, pnum)]['state']}, not ACTIVE: "
+                                f"name ACTIVE ports only (or bring the link up)")  # fmt: skip
         out.append((name, pnum))
     return out
 
 
+def _gid_index(gi: Any) -> int:
+    if not re.fullmatch(r"[0-9]+", str(gi)):
+        raise OverrideError(f"override NCCL_IB_GID_INDEX={gi}: not a GID table index (a whole number >= 0, e.g. 3)")
+    return int(str(gi))
+
+
 def _validate_gid_override(gi: Any, roce: list) -> None:
+    index = _gid_index(gi)
     for (h, p), info in roce:
-        g = next((g for g in info["gids"] if g["index"] == int(gi)), None)
+        g = next((g for g in info["gids"] if g["index"] == index), None)
         if g is None or g["type"].lower().replace(" ", "") != "rocev2" or not g["ipv4"]:
-            raise TopologyError(
+            raise OverrideError(
                 f"override NCCL_IB_GID_INDEX={gi}: on {h}:{p} that index is "
                 f"{(g or {}).get('type') or 'empty'} {(g or {}).get('gid', '')}, not a RoCE v2 IPv4 GID"
                 f" (RoCE v2 IPv4 here: {info['roce_v2_gid']})"
@@ -485,6 +540,7 @@ def report(sys_root: str = "/sys", *, node_ip: str | None = None, overrides: dic
            use_nvml: bool = True, extra_env: dict[str, str] | None = None,
            addresses: dict[str, list[str]] | None = None) -> dict[str, Any]:  # fmt: skip
     """discover + fabric_env + the nvidia-smi cross-check: what the CLI prints and the module returns."""
+    check_env_vars(extra_env or {}, "extra_env")
     topo = discover(sys_root, node_ip=node_ip, use_nvml=use_nvml, addresses=addresses)
     out = fabric_env(topo, overrides)
     out["env"].update({k: str(v) for k, v in (extra_env or {}).items()})

@@ -1,5 +1,6 @@
-"""Collective check: exact values, nccl-tests formulas, verdicts, and real gloo worlds on this host
-(one process per rank) with a corrupting rank and a rank that never arrives."""
+"""Collective check, the rank program: exact values, nccl-tests formulas, the command line, the
+ranks' argv, and real gloo worlds on this host (one process per rank) with a corrupting rank and a
+rank that never arrives. What the results mean is tests/unit/test_collverdict.py."""
 
 import itertools
 import json
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from llmfleet import collcheck
+from llmfleet import collcheck, collverdict
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8, 16, 31, 32, 63, 64])
@@ -53,15 +54,14 @@ def test_default_sweeps():
     assert all(b == a * 4 for a, b in itertools.pairwise(gpu[:-1]))
 
 
-def test_judge_verdicts():
-    ok = collcheck.judge([{"rank": 0, "ok": True}, {"rank": 1, "ok": True}])
-    assert ok["ok"] and ok["verdict"].startswith("PASS")
-    bad = collcheck.judge([{"rank": 0, "ok": False, "wrong": 3, "culprit_ranks": [1]},
-                           {"rank": 1, "ok": False, "wrong": 3, "culprit_ranks": [1]}])  # fmt: skip
-    assert bad["culprit_ranks"] == [1] and "contribution of rank(s) [1]" in bad["verdict"]
-    missing = collcheck.judge([{"rank": 0, "ok": False, "error": "timeout", "stalled": {"0": "rendezvous", "1": "missing"}},
-                               {"rank": 1, "ok": False, "error": "no result"}])  # fmt: skip
-    assert missing["missing_ranks"] == [1] and "rank(s) [1] never arrived" in missing["verdict"]
+def test_module_entry_point_checks_its_arguments_without_torch():
+    """`python -m llmfleet.collcheck` is the command every node runs: bad ops/dtypes fail as usage errors."""
+    cp = subprocess.run([sys.executable, "-m", "llmfleet.collcheck", "local", "--nproc", "1", "--backend", "gloo",
+                         "--ops", "all_reduce,nope"], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert cp.returncode == 2 and "unknown op/dtype ['nope']" in cp.stderr
+    cp = subprocess.run([sys.executable, "-m", "llmfleet.collcheck", "rank", "--help"], capture_output=True, text=True,
+                        timeout=60, check=False)  # fmt: skip
+    assert cp.returncode == 0 and "--corrupt-rank" in cp.stdout
 
 
 def local(*args, timeout=180):
@@ -101,56 +101,9 @@ def test_a_rank_that_never_arrives_is_named_without_hanging():
     elapsed = time.monotonic() - t0
     ranks = [json.loads(o.strip().splitlines()[-1]) for o in outs]
     assert all(p.returncode in (collcheck.EXIT_ERROR, collcheck.EXIT_TIMEOUT) for p in procs)
-    verdict = collcheck.judge(ranks)
+    verdict = collverdict.judge(ranks)
     assert verdict["missing_ranks"] == [2], (verdict, ranks)
     assert elapsed < 40, f"took {elapsed:.0f}s: the timeouts did not bound it"
-
-
-@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9])
-def test_pair_rounds_cover_every_pair_once_and_run_in_parallel(n):
-    nodes = [f"n{i}" for i in range(n)]
-    rounds = collcheck.pair_rounds(nodes)
-    pairs = [p for r in rounds for p in r]
-    assert len(pairs) == len(set(pairs)) == n * (n - 1) // 2
-    for r in rounds:
-        flat = [x for p in r for x in p]
-        assert len(flat) == len(set(flat))  # a node is in at most one pair per round
-    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
-
-
-@pytest.mark.parametrize(
-    ("single", "pairs", "nodes", "links"),
-    [
-        ({"a": True, "b": True, "c": True, "d": True},
-         {("a", "b"): True, ("a", "c"): False, ("a", "d"): True, ("b", "c"): False, ("b", "d"): True, ("c", "d"): False},
-         ["c"], []),
-        ({"a": True, "b": True, "c": True},
-         {("a", "b"): True, ("a", "c"): True, ("b", "c"): False}, [], ["b<->c"]),
-        ({"a": True, "b": False, "c": True}, {("a", "c"): True}, ["b"], []),
-        ({"a": True, "b": True}, {("a", "b"): False}, [], ["a<->b"]),
-    ],
-)  # fmt: skip
-def test_isolate_names_bad_nodes_and_links(single, pairs, nodes, links):
-    assert collcheck.isolate(single, pairs) == {"bad_nodes": nodes, "bad_links": links}
-
-
-def test_verdict_filter():
-    from llmfleet_filters import llmfleet_collcheck_verdict
-
-    ok_rank = {"ok": True, "wrong": 0}
-    by_node = {
-        "n1": {"_nccl_check_single": {"ok": True}, "_nccl_check_full": {"ranks": [{"rank": 0, **ok_rank}]},
-               "_nccl_check_pairs": []},
-        "n2": {"_nccl_check_single": {"ok": True}, "_nccl_check_full": {"ranks": [{"rank": 1, **ok_rank}]},
-               "_nccl_check_pairs": []},
-    }  # fmt: skip
-    v = llmfleet_collcheck_verdict(by_node)
-    assert v["ok"] and v["verdict"] == "PASS: every phase exact" and len(v["ranks"]) == 2
-    by_node["n2"]["_nccl_check_full"] = {"ranks": [{"rank": 1, "ok": False, "error": "timeout"}]}
-    by_node["n1"]["_nccl_check_full"] = {"ranks": [{"rank": 0, "ok": False, "error": "timeout",
-                                                    "stalled": {"0": "rendezvous", "1": "missing"}}]}  # fmt: skip
-    v = llmfleet_collcheck_verdict(by_node)
-    assert not v["ok"] and "rank(s) [1] never arrived" in v["verdict"]
 
 
 def test_ranks_are_bound_to_their_gpus_numa_node_when_known():
@@ -162,27 +115,3 @@ def test_ranks_are_bound_to_their_gpus_numa_node_when_known():
     assert collcheck.rank_argv(spec, 13, 5, None)[0] == "/py"  # no numactl: unbound, not an error
     assert collcheck.rank_argv({**spec, "numa_nodes": []}, 1, 1, "/usr/bin/numactl")[0] == "/py"
     assert collcheck.rank_argv({**spec, "numa_nodes": [None]}, 0, 0, "/usr/bin/numactl")[0] == "/py"
-
-
-def _single(busbw):
-    return [{"results": [{"op": "all_reduce", "bytes": 2**30, "busbw_GBps": busbw, "wrong": 0}]}]
-
-
-def test_slow_node_is_named_by_its_models_floor():
-    floors = {"H20": 300, "H200": 400}
-    single = {"n1": _single(455.0), "n2": _single(380.0), "n3": _single(310.0), "n4": _single(100.0)}
-    models = {"n1": "NVIDIA H200", "n2": "NVIDIA H200", "n3": "NVIDIA H20", "n4": "Tesla T4"}
-    slow = collcheck.slow_nodes(single, floors, models, 2**30)
-    assert list(slow) == ["n2"]  # H200 judged by its own floor, not H20's; a model without a floor is not judged
-    assert "380 GB/s" in slow["n2"] and "floor 400" in slow["n2"]
-    assert collcheck.slow_nodes(single, {}, models, 2**30) == {}
-
-
-def test_verdict_fails_on_a_slow_node():
-    from llmfleet_filters import llmfleet_collcheck_verdict
-
-    ok = {"ok": True, "wrong": 0}
-    by_node = {n: {"_nccl_check_single": {"ok": True, "ranks": _single(b)}, "_nccl_check_full": {"ranks": [{"rank": i, **ok}]},
-                   "_nccl_check_pairs": []} for i, (n, b) in enumerate((("n1", 450.0), ("n2", 250.0)))}  # fmt: skip
-    v = llmfleet_collcheck_verdict(by_node, {"H200": 400}, 2**30, {"n1": "NVIDIA H200", "n2": "NVIDIA H200"})
-    assert not v["ok"] and list(v["slow_nodes"]) == ["n2"] and "slow node n2" in v["verdict"]

@@ -1,7 +1,15 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from llmfleet_filters import FilterModule, llmfleet_duplicates
+from llmfleet.collverdict import fleet_verdict
+from llmfleet.plan import node_plan
+from llmfleet_filters import (
+    FilterModule,
+    llmfleet_collcheck_verdict,
+    llmfleet_duplicates,
+    llmfleet_engine_plan,
+    llmfleet_pair_rounds,
+)
 
 
 @pytest.mark.parametrize(
@@ -25,3 +33,35 @@ def test_duplicates_rejects_non_mapping():
 
 def test_registered_name():
     assert FilterModule().filters()["llmfleet_duplicates"] is llmfleet_duplicates
+
+
+def test_every_filter_name_is_registered():
+    assert sorted(FilterModule().filters()) == [
+        "llmfleet_cache_env",
+        "llmfleet_collcheck_verdict",
+        "llmfleet_duplicates",
+        "llmfleet_engine_plan",
+        "llmfleet_gate_groups",
+        "llmfleet_gpu_model",
+        "llmfleet_pair_rounds",
+        "llmfleet_pick",
+        "llmfleet_ssh_argv",
+        "llmfleet_systemd_line",
+    ]
+
+
+def test_pair_rounds_are_lists_for_jinja():
+    assert llmfleet_pair_rounds(("n2", "n1", "n3")) == [[["n1", "n3"]], [["n2", "n3"]], [["n1", "n2"]]]
+
+
+def test_collcheck_verdict_is_the_packages():
+    by_node = {"n1": {"_nccl_check_single": {"ok": True}, "_nccl_check_full": {"ranks": [{"rank": 0, "ok": True}]}}}
+    assert llmfleet_collcheck_verdict(by_node) == fleet_verdict(by_node)
+    assert llmfleet_collcheck_verdict(by_node, {"H200": 400}, 2**30, {"n1": "H200"})["ok"]
+
+
+def test_engine_plan_is_the_packages_and_plan_errors_are_filter_errors():
+    spec = {"profile": "vllm", "model_path": "/models/m", "tp": 2}
+    assert llmfleet_engine_plan(spec, 0) == node_plan(spec, 0)
+    with pytest.raises(AnsibleFilterError, match=r"TP3 x PP1 = 3 ranks cannot be split evenly over 2 nodes"):
+        llmfleet_engine_plan({**spec, "tp": 3, "nnodes": 2, "head_addr": "10.0.0.1", "dist_port": 1}, 0)

@@ -76,3 +76,13 @@ def test_gather_from_fake_proc(tmp_path):
 def test_disk_missing_path_is_reported_not_raised(tmp_path):
     d = nodeinfo.disk(os.fspath(tmp_path / "nope"))
     assert d["present"] is False and "No such file" in d["error"]
+
+
+def test_read_text_strips_and_falls_back_to_the_default(tmp_path):
+    (tmp_path / "numa_node").write_text("1\n")
+    (tmp_path / "vendor").write_bytes(b"0x10de\xff\n")  # undecodable bytes are replaced, not raised
+    assert nodeinfo.read_text(os.fspath(tmp_path / "numa_node")) == "1"
+    assert nodeinfo.read_text(os.fspath(tmp_path / "vendor")) == "0x10de\ufffd"
+    assert nodeinfo.read_text(os.fspath(tmp_path / "missing")) == ""
+    assert nodeinfo.read_text(os.fspath(tmp_path / "missing"), "-1") == "-1"
+    assert nodeinfo.read_text(os.fspath(tmp_path), "-1") == "-1"  # a directory is unreadable too

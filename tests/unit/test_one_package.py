@@ -1,6 +1,7 @@
 """The package has one source, importable as `llmfleet` and as `ansible.module_utils.llmfleet`."""
 
 import ast
+import graphlib
 import importlib
 import sys
 from pathlib import Path
@@ -44,3 +45,23 @@ def test_imports_are_relative_and_node_safe(path):
             assert name != "llmfleet", f"{path.name}:{node.lineno}: use a relative import inside the package"
             if path.name not in OPS_HOST_ONLY:
                 assert name in stdlib, f"{path.name}:{node.lineno}: '{name}' is not stdlib; import it lazily"
+
+
+def _package_imports(path: Path) -> set[str]:
+    """Sibling modules one file imports (module level or lazily): `from .x import y`, `from . import x`."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            out.update(n.split(".")[0] for n in names if (PKG / f"{n.split('.')[0]}.py").exists())
+    return out
+
+
+def test_the_package_import_graph_has_no_cycles():
+    """Layers, not loops: pure logic (collverdict, net, nodeinfo, engine) below what composes it
+    (collcheck, plan, preflight, gate, cli)."""
+    graph = {p.stem: _package_imports(p) for p in PKG.glob("*.py")}
+    order = list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a loop
+    assert set(order) == set(graph)
+    assert graph["collverdict"] == graph["net"] == set()
+    assert graph["collcheck"] == {"collverdict"}  # the rank program needs nothing else of the package

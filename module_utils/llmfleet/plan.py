@@ -1,0 +1,34 @@
+"""One node's engine plan: everything its unit needs, composed from llmfleet.engine's pure parts
+(the argv, the ExecStart and shell lines, the READY rule, whether it serves the API, ranks per node
+and the loader fan-out). Stdlib only; the engine role's llmfleet_engine_plan filter calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .engine import check_layout, loader_fanout, ready_rule, render_argv, serves_api, shell_line, systemd_command_line
+
+
+def node_plan(spec: Mapping, node_rank: int) -> dict[str, Any]:
+    """Everything one node's unit needs: argv, the ExecStart line, the READY rule, whether it serves
+    the API, ranks per node and the loader fan-out. Raises engine.PlanError naming the variable to fix."""
+    spec = dict(spec)
+    rank = int(node_rank)
+    argv = render_argv(spec, rank)
+    nnodes = 1 if spec["profile"] == "vllm_pd" else int(spec.get("nnodes") or 1)
+    rpn = check_layout(int(spec.get("tp") or 1), int(spec.get("pp") or 1), nnodes)
+    threads = spec.get("loader_threads") or None
+    return {
+        "argv": argv,
+        "exec_line": systemd_command_line(argv),
+        "shell_line": shell_line(argv),
+        "ready": ready_rule(spec["profile"], rank, nnodes, rpn, argv),
+        "serves_api": serves_api(spec["profile"], rank),
+        "ranks_per_node": rpn,
+        "nnodes": nnodes,
+        "fanout": loader_fanout(
+            spec["profile"], nnodes, rpn, int(threads) if threads else None, bool(spec.get("shared_storage"))
+        ),
+    }
