@@ -44,7 +44,9 @@ RETURN = r"""
 fingerprint: {description: 16 hex digits., returned: success, type: str}
 inputs: {description: What was hashed., returned: success, type: dict}
 cache_dir: {description: The directory for this fingerprint., returned: success, type: str}
-removed: {description: Old fingerprint directories removed., returned: success, type: list}
+removed: {description: Old fingerprint directories removed (and symlinks named like one, unlinked)., returned: success, type: list}
+chowned: {description: Cache directories whose owner was set to I(owner):I(group)., returned: success, type: list}
+remove_failed: {description: Old fingerprint directories that could not be removed, with the error., returned: success, type: list}
 """
 
 import grp
@@ -60,6 +62,7 @@ from ansible.module_utils.llmfleet.engine import (
     model_identity,
     prepare_cache,
 )
+from ansible.module_utils.llmfleet.safefs import UnsafePathError
 from ansible.module_utils.llmfleet.stage import paths_in_use
 
 
@@ -115,9 +118,16 @@ def main() -> None:
     }
     fp = fingerprint(inputs)
     in_use = fingerprint_dirs_in_use(p["cache_root"])
-    cache = prepare_cache(p["cache_root"], fp, p["keep"], uid=uid, gid=gid, in_use=in_use, check=module.check_mode)
+    try:
+        cache = prepare_cache(p["cache_root"], fp, p["keep"], uid=uid, gid=gid, in_use=in_use, check=module.check_mode)
+    except UnsafePathError as e:
+        module.fail_json(msg=f"compile cache {p['cache_root']}: {e}", fingerprint=fp)
+    except (OSError, PlanError) as e:
+        module.fail_json(msg=f"cannot prepare the compile cache under {p['cache_root']}: {e}", fingerprint=fp)
+    if cache["remove_failed"]:
+        module.warn(f"old compile caches not removed: {'; '.join(cache['remove_failed'])}")
     module.exit_json(
-        changed=bool(cache["created"] or cache["removed"]),
+        changed=bool(cache["created"] or cache["chowned"] or cache["removed"]),
         fingerprint=fp,
         inputs=inputs,
         model_real_path=ident["model_real_path"],

@@ -13,7 +13,10 @@ import hashlib
 import json
 import re
 import shlex
+import stat
 from typing import Any
+
+from .safefs import chown_fd, lstat_at, open_dir, rmtree_at, subdir
 
 PROFILES = ("sglang", "vllm", "vllm_pd", "custom")
 DEFAULT_PORT = {"sglang": 30000, "vllm": 8000, "vllm_pd": 8000, "custom": 8000}
@@ -381,35 +384,88 @@ def model_identity(model_path: str) -> dict[str, Any]:
 
 
 def prepare_cache(root: str, fp: str, keep: int, *, uid: int, gid: int, in_use: set[str], check: bool) -> dict:
-    """<root>/<fingerprint> for this launch; older fingerprints beyond `keep` (newest first, current
-    counted) are removed unless a running process uses them."""
-    import os
-    import shutil
+    """<root>/<fingerprint> for this launch, owned by uid:gid; older fingerprints beyond `keep` (newest
+    first, current counted) are removed unless a running process uses them.
 
-    path = os.path.join(root, fp)
-    created = not os.path.isdir(path)
-    if not check:
-        os.makedirs(path, mode=0o750, exist_ok=True)
-        for d in (root, path):
-            st = os.stat(d)
-            if (st.st_uid, st.st_gid) != (uid, gid):
-                os.chown(d, uid, gid)
-        os.utime(path)
-    others = []
-    if os.path.isdir(root):
-        for name in os.listdir(root):
-            full = os.path.join(root, name)
-            if name != fp and os.path.isdir(full) and re.fullmatch(r"[0-9a-f]{16}", name):
-                others.append((os.stat(full).st_mtime, full))
-    others.sort(reverse=True)
-    removed = []
-    for _, full in others[max(0, keep - 1) :]:
-        if full in in_use:
-            continue
-        removed.append(full)
+    Runs as root on directories the engine user owns: nothing here follows a symlink that user could
+    have planted (safefs). A symlink where a cache directory belongs is refused (UnsafePathError), one
+    named like an old fingerprint is unlinked by GC (its target untouched); directories are chowned
+    and removed through file descriptors opened with O_NOFOLLOW."""
+    import os
+
+    if not re.fullmatch(r"[0-9a-f]{16}", fp or ""):
+        raise PlanError(f"fingerprint {fp!r} is not 16 hex digits")
+    root = os.path.abspath(root)
+    result: dict[str, Any] = {
+        "cache_dir": os.path.join(root, fp), "created": False, "chowned": [], "removed": [], "remove_failed": []
+    }  # fmt: skip
+    try:
+        root_fd = open_dir(root, create_mode=None if check else 0o755)
+    except FileNotFoundError:
         if not check:
-            shutil.rmtree(full, ignore_errors=True)
-    return {"cache_dir": path, "created": created, "removed": removed}
+            raise
+        result["created"] = True  # check mode: nothing exists yet, nothing to collect
+        return result
+    try:
+        _own_cache_dir(root_fd, root, fp, uid, gid, check, result)
+        _collect_caches(root_fd, root, fp, keep, in_use, check, result)
+    finally:
+        os.close(root_fd)
+    return result
+
+
+def _own_cache_dir(root_fd: int, root: str, fp: str, uid: int, gid: int, check: bool, result: dict) -> None:  # noqa: PLR0917
+    """Create <root>/<fp> and chown both through fds opened without following links (check: predict)."""
+    import os
+
+    path = result["cache_dir"]
+    st = lstat_at(root_fd, fp)
+    if check:
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            subdir(root_fd, fp, shown=path, create=False)  # raises: a symlink or a file is refused
+        result["created"] = st is None
+        for p, s in ((root, os.fstat(root_fd)), (path, st)):
+            if s is not None and (s.st_uid, s.st_gid) != (uid, gid):
+                result["chowned"].append(p)
+        return
+    if chown_fd(root_fd, uid, gid):
+        result["chowned"].append(root)
+    fp_fd, result["created"] = subdir(root_fd, fp, shown=path, mode=0o750)
+    try:
+        if chown_fd(fp_fd, uid, gid):
+            result["chowned"].append(path)
+        os.utime(fp_fd)  # GC orders by mtime: the current fingerprint is the newest
+    finally:
+        os.close(fp_fd)
+
+
+def _collect_caches(root_fd: int, root: str, fp: str, keep: int, in_use: set[str], check: bool, result: dict) -> None:  # noqa: PLR0917
+    """Remove old fingerprint directories beyond keep (never one in use) and symlinks named like one."""
+    import errno
+    import os
+
+    dirs, links = [], []
+    for name in os.listdir(root_fd):
+        if name == fp or not re.fullmatch(r"[0-9a-f]{16}", name):
+            continue
+        st = lstat_at(root_fd, name)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            dirs.append((st.st_mtime, name))
+        elif st is not None and stat.S_ISLNK(st.st_mode):
+            links.append(name)  # not a cache directory: unlink the link, never its target
+    dirs.sort(reverse=True)
+    old = [n for _, n in dirs[max(0, keep - 1) :] if os.path.join(root, n) not in in_use]
+    for name in old + sorted(links):
+        full = os.path.join(root, name)
+        if check:
+            result["removed"].append(full)
+            continue
+        try:
+            rmtree_at(root_fd, name)
+            result["removed"].append(full)
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                result["remove_failed"].append(f"{full}: {e.strerror or e}")
 
 
 def help_text(command: list[str], profile: str, timeout: float = 300) -> str:

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from . import safefs
 from .checkpoint import HEX40, sha256_file, verify_structure
 
 JOURNAL = ".llmfleet-journal"
@@ -84,11 +85,10 @@ class Progress:
         if not self.path or (not force and time.time() - self._last_write < 1.0):
             return
         self._last_write = time.time()
-        tmp = f"{self.path}.{os.getpid()}.tmp"
+        # Root writes this under /var/lib/llmfleet, which the engine user owns: never through a link
+        # planted there (progress is best effort: a refused path only means no progress file).
         with contextlib.suppress(OSError):
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(self.snapshot(), f)
-            os.replace(tmp, self.path)
+            safefs.write_json(self.path, self.snapshot())
 
 
 def _fsync_dir(path: str) -> None:
@@ -722,11 +722,11 @@ def obtain_manifest(
             f"{cache} if the change is intended"
         )
     if origin != "cache" and not check_mode:
-        os.makedirs(os.path.dirname(cache), exist_ok=True)
-        tmp = f"{cache}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(manifest, f)
-        os.replace(tmp, cache)
+        # Shared storage that every node (or, squashed, every user) may write: never through a planted link.
+        try:
+            safefs.write_json(cache, manifest, create_dirs=True)
+        except safefs.UnsafePathError as e:
+            raise StageError(f"cannot cache the manifest: {e}") from None
     return {"origin": origin, "path": cache, "manifest": manifest}
 
 

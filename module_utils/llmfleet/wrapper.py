@@ -304,6 +304,69 @@ def read_credential(cred: str) -> str:
     return value
 
 
+REDACTED = "***"
+MIN_SECRET_PART = 8  # a line of a multi-line secret shorter than this is not redacted on its own
+
+
+def secret_forms(value: str) -> list[str]:
+    """What to redact for one secret value: the value as it is, as it looks inside a JSON string or a
+    Python repr (SGLang logs ``server_args=ServerArgs(..., api_key='...')``), and each line of a
+    multi-line secret (output is handled line by line). Longest first."""
+    forms = {value, json.dumps(value)[1:-1], repr(value)[1:-1]}
+    for part in re.split(r"\r\n|\n|\r", value):
+        if len(part.strip()) >= MIN_SECRET_PART:
+            forms.update({part, part.strip()})
+    return sorted((f for f in forms if f), key=lambda f: (-len(f), f))
+
+
+class Redactor:
+    """Replaces every loaded secret value with ``***`` in bytes (the stream) and text (the record)."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.raw: list[bytes] = []
+
+    def add(self, value: str) -> None:
+        self.texts = sorted(set(self.texts) | set(secret_forms(value)), key=lambda f: (-len(f), f))
+        self.raw = [t.encode("utf-8") for t in self.texts]
+
+    def __bool__(self) -> bool:
+        return bool(self.texts)
+
+    def data(self, raw: bytes) -> bytes:
+        for s in self.raw:
+            if s in raw:
+                raw = raw.replace(s, REDACTED.encode())
+        return raw
+
+    def text(self, text: str) -> str:
+        for s in self.texts:
+            if s in text:
+                text = text.replace(s, REDACTED)
+        return text
+
+    def deep(self, obj: Any) -> Any:
+        """A copy of a JSON-able value with every string redacted."""
+        if not self.texts:
+            return obj
+        if isinstance(obj, str):
+            return self.text(obj)
+        if isinstance(obj, dict):
+            return {k: self.deep(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self.deep(v) for v in obj]
+        return obj
+
+    def safe_cut(self, buf: bytes, cut: int) -> int:
+        """Where to cut an over-long line so that no secret is split between two pieces (each piece is
+        redacted on its own): before the longest tail of buf[:cut] that starts a secret."""
+        for k in range(min(cut - 1, max((len(s) for s in self.raw), default=1) - 1), 0, -1):
+            tail = buf[cut - k : cut]
+            if any(s.startswith(tail) for s in self.raw):
+                return cut - k
+        return cut
+
+
 def parse_secret_specs(env_specs: list[str], config_specs: list[str]) -> tuple[list, dict]:
     envs = []
     for spec in env_specs:
@@ -363,6 +426,7 @@ class Wrapper:
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.secret_files: list[str] = []
+        self.redact = Redactor()  # every secret value loaded: never in the output, the record or the status
         self.secret_dir: str | None = None
 
     # ---- setup
@@ -373,7 +437,11 @@ class Wrapper:
         env.pop("NOTIFY_SOCKET", None)  # the wrapper owns the notify protocol: an engine's READY=1 would lie
         for var, cred in envs:
             env[var] = read_credential(cred)
+            self.redact.add(env[var])
         values = {name: [(key, read_credential(cred)) for key, cred in items] for name, items in configs.items()}
+        for items in values.values():
+            for _key, value in items:
+                self.redact.add(value)
         if values:
             rt = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
             if not rt:
@@ -441,12 +509,15 @@ class Wrapper:
                 pos = m.end()
             buf = buf[pos:]
             while len(buf) >= MAX_LINE:
-                self._line(buf[:MAX_LINE], out)
-                buf = buf[MAX_LINE:]
+                cut = self.redact.safe_cut(buf, MAX_LINE) if self.redact else MAX_LINE
+                self._line(buf[:cut], out)
+                buf = buf[cut:]
         if buf:
             self._line(buf, out)
 
     def _line(self, raw: bytes, out: Any) -> None:
+        if self.redact:  # engines log their own arguments (SGLang: server_args=... at info level)
+            raw = self.redact.data(raw)
         text = raw.decode("utf-8", "replace").rstrip("\r\n")
         with self.out_lock:
             if self.closed:
@@ -539,7 +610,7 @@ class Wrapper:
         data["running"] = True
         data["tail"] = list(self.tail)
         try:
-            write_json_atomic(self.args.status, data)
+            write_json_atomic(self.args.status, self.redact.deep(data))
         except OSError as e:
             _err(f"--status {self.args.status}: {e.strerror}")
 
@@ -559,7 +630,7 @@ class Wrapper:
                 left_over_pids=left,
                 tail=list(self.tail),
             )
-            rec = {k: rec[k] for k in RECORD_KEYS}
+            rec = self.redact.deep({k: rec[k] for k in RECORD_KEYS})
         for path, data in ((self.args.record, rec), (self.args.status, dict(rec, running=False))):
             if path:
                 try:
@@ -567,7 +638,7 @@ class Wrapper:
                 except OSError as e:
                     _err(f"cannot write {path}: {e.strerror}")
         self.notifier.send(f"STATUS=engine ended: {verdict}, exit {code}")
-        _err(f"{verdict}: exit {code}: {reason}")
+        _err(f"{verdict}: exit {code}: {rec['reason']}")
 
     def _hint(self) -> str:
         if self.failed_rank:

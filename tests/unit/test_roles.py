@@ -36,9 +36,13 @@ def test_molecule_scenario_uses_the_lab(role):
     scen = role / "molecule/default"
     for f in ("molecule.yml", "converge.yml", "verify.yml"):
         assert (scen / f).is_file(), f"{role.name}: missing molecule/default/{f}"
-    mol = yaml.safe_load((scen / "molecule.yml").read_text())
+    # The scenario as molecule sees it: the shared base config with the scenario's file merged on top.
+    mol = yaml.safe_load((ROOT / ".config/molecule/config.yml").read_text())
+    own = yaml.safe_load((scen / "molecule.yml").read_text())
+    assert set(own) <= {"ansible", "scenario"}, f"{role.name}: put shared settings in .config/molecule/config.yml"
     assert mol["ansible"]["playbooks"]["create"] == "../../../../tests/molecule/create.yml"
-    seq = mol["scenario"]["test_sequence"]
+    assert "create" not in own.get("ansible", {}).get("playbooks", {}), f"{role.name}: create is the lab's"
+    seq = own.get("scenario", {}).get("test_sequence") or mol["scenario"]["test_sequence"]
     assert seq.index("converge") < seq.index("idempotence") < seq.index("verify")
     verify = (scen / "verify.yml").read_text()
     assert "ansible.builtin.assert" in verify, f"{role.name}: verify.yml asserts nothing"

@@ -460,6 +460,68 @@ def test_secrets_reach_the_engine_only(tmp_path, runtime_dir):
         assert SECRET not in text
 
 
+HF_SECRET = 'hf_"quoted\\back-TOKEN-0123456789'  # noqa: S105 (fake; JSON and repr escape it differently)
+PRINT_SECRETS = r"""
+import json, os, sys
+key, hf = os.environ["API_KEY"], os.environ["HF_TOKEN"]
+out, err = sys.stdout, sys.stderr
+out.write("server_args=ServerArgs(model_path='/m', api_key=%r, hf_token=%r, port=30000)\n" % (key, hf))
+out.write("[2026-11-29 10:00:00 TP0] Init torch distributed begin. token=" + hf + "\n")
+out.write(json.dumps({"hf_token": hf, "api_key": key}) + "\n")
+out.write("Loading safetensors checkpoint shards: 10%% " + key + "\r")
+out.write(key + "\n")
+out.write("x" * (65536 - 5) + key + "tail\n")  # an over-long line cut where the secret is
+out.flush()
+err.write("[2026-11-29 10:00:01 TP1 PP0] RuntimeError: api key " + key + " rejected by " + hf + "\n")
+err.flush()
+sys.exit(3)
+"""
+
+
+def leaks(text, *secrets):
+    forms = {f for s in secrets for f in (s, json.dumps(s)[1:-1], repr(s)[1:-1], json.dumps(json.dumps(s)[1:-1])[1:-1])}
+    return [f for f in forms if f in text]
+
+
+def test_secrets_the_engine_prints_are_redacted_everywhere(tmp_path):
+    """SGLang logs server_args (api_key included) at info level: the wrapper redacts every secret it
+    loaded from what it passes to the journal, the log file, the record and the status."""
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "api-key").write_text(SECRET + "\n")
+    (creds / "hf").write_text(HF_SECRET)
+    rec, st, log = tmp_path / "r.json", tmp_path / "s.json", tmp_path / "engine.log"
+    opts = ["--record", str(rec), "--status", str(st), "--log-file", str(log), "--secret-env", "API_KEY=api-key",
+            "--secret-env", "HF_TOKEN=hf", "--secret-config", "config:api_key=api-key"]  # fmt: skip
+    p = run(opts, pyc(PRINT_SECRETS), env=clean_env(CREDENTIALS_DIRECTORY=str(creds)))
+    assert p.returncode == 3, p.stderr[-2000:]
+    r = load(rec)
+    for name, text in (("stdout", p.stdout), ("stderr", p.stderr), ("record", rec.read_text()),
+                       ("status", st.read_text()), ("log", log.read_text())):  # fmt: skip
+        assert not leaks(text, SECRET, HF_SECRET), f"{name} leaks {leaks(text, SECRET, HF_SECRET)}"
+    assert "api_key='***', hf_token='***'" in p.stdout
+    assert '{"hf_token": "***", "api_key": "***"}' in p.stdout
+    assert "x" * 50 + "***tail" in p.stdout  # the cut did not split the secret
+    assert r["first_error"]["line"] == "[2026-11-29 10:00:01 TP1 PP0] RuntimeError: api key *** rejected by ***"
+    assert r["failed_rank"]["tp"] == 1 and "***" in r["failed_rank"]["line"]
+    assert r["phases"][0]["line"].endswith("token=***")
+    assert "***" in r["reason"] and "***" in "".join(r["tail"])
+
+
+def test_secret_forms_and_safe_cut():
+    pem = "-----BEGIN KEY-----\nAAAABBBBCCCCDDDD\nab\n-----END KEY-----"
+    forms = wrapper.secret_forms(pem)
+    assert pem in forms and "AAAABBBBCCCCDDDD" in forms and "ab" not in forms
+    assert forms == sorted(forms, key=lambda f: (-len(f), f))
+    red = wrapper.Redactor()
+    red.add("sk-123456")
+    buf = b"y" * 10 + b"sk-12" + b"3456 more"
+    assert red.safe_cut(buf, 15) == 10  # "sk-12" may start the secret: cut before it
+    assert red.safe_cut(b"y" * 20, 15) == 15
+    assert red.data(b"a sk-123456 b") == b"a *** b"
+    assert red.deep({"a": ["sk-123456"], "n": 1}) == {"a": ["***"], "n": 1}
+
+
 @pytest.mark.parametrize("with_dir", [True, False])
 def test_missing_credential_does_not_start_the_engine(tmp_path, with_dir):
     marker = tmp_path / "started"

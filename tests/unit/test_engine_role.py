@@ -1,0 +1,315 @@
+"""The engine role's secret handling and its root-run writes, on localhost through ansible-playbook:
+the plan's checks (open API without a key, secrets in the 0644 env file), what the unit loads (names and
+paths, never values) and the exec_start_pre credential copy, run for real against a planted symlink."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmfleet import engine
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "engine"
+KEY = "sk-llmfleet-unit-0123456789"  # fake secrets the tests look for everywhere
+HF = "hf_unit_secret_value_0123456789"
+PLAY = """
+- name: Engine role pieces on localhost
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Plan (the role's first tasks)
+      ansible.builtin.include_role:
+        name: engine
+        tasks_from: 0010-plan.yml
+        public: true
+
+    - name: What the wrapper and the unit get
+      ansible.builtin.copy:
+        content: "{{ {'secret_args': _engine_secret_args, 'credentials': _engine_credentials} | to_json }}"
+        dest: "{{ out_dir }}/out.json"
+        mode: "0644"
+
+    - name: The unit
+      ansible.builtin.template:
+        src: "{{ role_dir }}/templates/engine.service.j2"
+        dest: "{{ out_dir }}/llmfleet-demo.service"
+        mode: "0644"
+      vars:
+        _engine_facts: {fingerprint: "0123456789abcdef", cache_dir: /mnt/nvme/llmfleet/cache/demo/0123456789abcdef}
+        _engine_exec_args: "{{ ['exec'] + _engine_secret_args + ['--'] + _engine_plan.argv }}"
+"""
+BASE_VARS = {
+    "engine_deployment": "demo",
+    "engine_model_path": "/mnt/nvme/models/m/current",
+    "engine_served_model_name": "m",
+    "engine_tp_size": 1,
+    "ansible_host": "127.0.0.1",
+}
+
+
+def play(tmp_path, **extra):
+    (tmp_path / "play.yml").write_text(PLAY)
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{bindir}:{os.environ['PATH']}",
+           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp")}  # fmt: skip
+    extra_vars = {**BASE_VARS, "out_dir": str(tmp_path), "role_dir": str(ROLE),
+                  "ansible_python_interpreter": sys.executable, **extra}  # fmt: skip
+    cp = subprocess.run(
+        [f"{bindir}/ansible-playbook", "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml"),
+         "-e", json.dumps(extra_vars)],
+        capture_output=True, text=True, check=False, timeout=180, cwd=ROOT, env=env,
+    )  # fmt: skip
+    out = cp.stdout + cp.stderr
+    assert "Traceback" not in out, out[-3000:]
+    return cp.returncode, " ".join(out.split()), tmp_path
+
+
+def results(tmp_path):
+    return json.loads((tmp_path / "out.json").read_text()), (tmp_path / "llmfleet-demo.service").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# The argument spec
+
+
+def spec():
+    return yaml.safe_load((ROLE / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+
+
+@pytest.mark.parametrize(
+    ("var", "choices"),
+    [
+        ("engine_profile", list(engine.PROFILES)),
+        ("engine_state", ["started", "stopped"]),
+        ("engine_credential_via", ["load_credential", "exec_start_pre"]),
+        ("engine_pd_role", ["", "prefill", "decode"]),
+    ],
+)
+def test_enumerated_variables_have_choices(var, choices):
+    assert spec()[var].get("choices") == choices
+
+
+@pytest.mark.parametrize("var", ["engine_api_key", "engine_secret_env"])
+def test_secret_variables_are_no_log(var):
+    assert spec()[var].get("no_log") is True
+
+
+def test_argument_validation_never_shows_the_key():
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    opts = spec()
+    given = {k: o["default"] for k, o in opts.items() if "default" in o}
+    given.update(engine_deployment="demo", engine_model_path="/m", engine_served_model_name="m")
+    given.update(engine_api_key=KEY, engine_secret_env={"HF_TOKEN": HF}, engine_profile="bogus")
+    res = ArgumentSpecValidator(opts).validate(given, validate_role_argument_spec=True)
+    # Ansible masks these values in everything it prints for the validation task.
+    assert {KEY, HF} <= res._no_log_values
+    assert res.error_messages and not [m for m in res.error_messages if KEY in m or HF in m]
+
+
+# ---------------------------------------------------------------------------------------------
+# No key on every address
+
+
+def test_open_api_without_a_key_is_a_loud_warning(tmp_path):
+    rc, out, _ = play(tmp_path)
+    assert rc == 0, out[-3000:]
+    assert "WARNING: localhost serves the sglang API of demo on 0.0.0.0:30000 with no engine_api_key" in out
+
+
+def test_open_api_without_a_key_is_an_error_when_required(tmp_path):
+    rc, out, _ = play(tmp_path, engine_require_api_key=True)
+    assert rc == 2, out[-3000:]
+    assert "with no key, and engine_require_api_key is true" in out
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"engine_api_key": KEY},
+        {"engine_host": "127.0.0.1"},
+        {"engine_host": "", "engine_profile": "sglang"},  # SGLang's default host is 127.0.0.1
+    ],
+    ids=["key", "private-bind", "sglang-default-host"],
+)
+def test_no_warning_with_a_key_or_a_private_bind(tmp_path, extra):
+    rc, out, _ = play(tmp_path, engine_require_api_key=True, **extra)
+    assert rc == 0, out[-3000:]
+    assert "WARNING:" not in out and KEY not in out
+
+
+def test_an_ordered_stop_is_never_blocked_by_these_checks(tmp_path):
+    rc, out, _ = play(tmp_path, engine_state="stopped", engine_require_api_key=True, engine_env={"HF_TOKEN": HF})
+    assert rc == 0 and "WARNING:" not in out and HF not in out, out[-3000:]
+
+
+def test_vllm_default_host_is_every_address(tmp_path):
+    rc, out, _ = play(tmp_path, engine_profile="vllm", engine_host="")
+    assert rc == 0 and "WARNING: localhost serves the vllm API of demo on every address:8000" in out, out[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Other secrets: credentials, never the 0644 env file
+
+
+def test_secret_looking_engine_env_is_refused_without_showing_the_value(tmp_path):
+    rc, out, _ = play(tmp_path, engine_env={"HF_TOKEN": HF, "NCCL_DEBUG": "INFO", "TOKENIZERS_PARALLELISM": "false"})
+    assert rc == 2, out[-3000:]
+    assert "engine_env holds HF_TOKEN, which look like secrets" in out and "move them to engine_secret_env" in out
+    assert "TOKENIZERS_PARALLELISM" not in out.split("engine_env holds")[1][:60]
+    assert HF not in out
+
+
+def test_secret_env_goes_through_credentials_and_the_wrapper(tmp_path):
+    rc, out, d = play(tmp_path, engine_api_key=KEY, engine_secret_env={"WANDB_API_KEY": "w" * 12, "HF_TOKEN": HF})
+    assert rc == 0, out[-3000:]
+    got, unit = results(d)
+    assert got["secret_args"] == ["--secret-config", "config:api-key=api-key", "--secret-env", "HF_TOKEN=env-HF_TOKEN",
+                                  "--secret-env", "WANDB_API_KEY=env-WANDB_API_KEY"]  # fmt: skip
+    assert got["credentials"] == {
+        "api-key": "/etc/llmfleet/credentials/demo.api-key",
+        "env-HF_TOKEN": "/etc/llmfleet/credentials/demo.env-HF_TOKEN",
+        "env-WANDB_API_KEY": "/etc/llmfleet/credentials/demo.env-WANDB_API_KEY",
+    }
+    assert re.findall(r"^LoadCredential=.*$", unit, re.M) == [
+        "LoadCredential=api-key:/etc/llmfleet/credentials/demo.api-key",
+        "LoadCredential=env-HF_TOKEN:/etc/llmfleet/credentials/demo.env-HF_TOKEN",
+        "LoadCredential=env-WANDB_API_KEY:/etc/llmfleet/credentials/demo.env-WANDB_API_KEY",
+    ]
+    assert "--secret-env HF_TOKEN=env-HF_TOKEN" in unit
+    for text in (out, unit):
+        assert KEY not in text and HF not in text and "w" * 12 not in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [
+        (
+            {"engine_extra_args": ["--api-key", KEY]},
+            "the engine command line carries --api-key: set engine_api_key instead",
+        ),
+        ({"engine_extra_args": [f"--admin-api-key={HF}"]}, "carries --admin-api-key"),
+        (
+            {"engine_api_key": KEY, "engine_profile": "custom", "engine_custom_argv": ["serve", f"--token={KEY}"]},
+            "the value of engine_api_key appears in the engine command line or engine_env",
+        ),
+        (
+            {"engine_secret_env": {"HF_TOKEN": HF}, "engine_env": {"HF_HOME": f"/x/{HF}"}},
+            "the value of HF_TOKEN appears",
+        ),
+    ],
+    ids=["api-key-flag", "admin-key-flag", "key-in-custom-argv", "secret-in-engine-env"],
+)
+def test_secrets_on_the_command_line_are_refused(tmp_path, extra, text):
+    rc, out, _ = play(tmp_path, **extra)
+    assert rc == 2 and text in out, out[-3000:]
+    assert KEY not in out and HF not in out
+
+
+@pytest.mark.parametrize("name", ["VLLM_API_KEY", "bad-name"])
+def test_bad_secret_env_names_are_refused(tmp_path, name):
+    rc, out, _ = play(tmp_path, engine_secret_env={name: HF})
+    assert rc == 2 and name in out and HF not in out, out[-3000:]
+
+
+def test_vllm_gets_the_key_as_an_environment_variable(tmp_path):
+    rc, out, d = play(tmp_path, engine_profile="vllm", engine_api_key=KEY)
+    assert rc == 0, out[-3000:]
+    assert results(d)[0]["secret_args"] == ["--secret-env", "VLLM_API_KEY=api-key"]
+
+
+# ---------------------------------------------------------------------------------------------
+# exec_start_pre: root opens the credential, the engine user writes the copy
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: runs the privileged ExecStartPre")
+def test_exec_start_pre_copy_never_writes_as_root_into_the_runtime_directory(tmp_path, request):
+    rc, out, d = play(tmp_path, engine_api_key=KEY, engine_secret_env={"HF_TOKEN": HF},
+                      engine_credential_via="exec_start_pre", engine_user="nobody", engine_group="nogroup")  # fmt: skip
+    assert rc == 0, out[-3000:]
+    unit = results(d)[1]
+    assert KEY not in unit and HF not in unit
+    assert "Environment=CREDENTIALS_DIRECTORY=/run/llmfleet-demo" in unit
+    pres = re.findall(r"^ExecStartPre=\+(.*)$", unit, re.M)
+    assert len(pres) == 2
+    # Stand-ins: the root-only credential files, the runtime directory the engine user owns, and a
+    # root-owned victim that a link planted in the runtime directory points at.
+    top = Path(tempfile.mkdtemp(prefix="llmfleet-test-"))  # the engine user must reach it: not under root's 0700 tmp
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    top.chmod(0o755)
+    creds, run = top / "creds", top / "run"
+    creds.mkdir(mode=0o700)
+    (creds / "demo.api-key").write_text(KEY)
+    (creds / "demo.env-HF_TOKEN").write_text(HF)
+    for f in creds.iterdir():
+        f.chmod(0o600)
+    run.mkdir()
+    os.chown(run, 65534, 65534)
+    run.chmod(0o700)
+    victim = top / "victim"
+    victim.write_text("root data\n")
+    victim.chmod(0o644)
+    (run / "api-key").symlink_to(victim)
+    os.lchown(run / "api-key", 65534, 65534)
+    for pre in pres:
+        line = pre.replace("/run/llmfleet-demo", str(run)).replace("/etc/llmfleet/credentials", str(creds))
+        argv = shlex.split(line)  # systemd's unquoting of these words is the shell's
+        assert argv[:2] == ["/bin/sh", "-c"]
+        # The privileged shell only opens the credential (<) and drops to the engine user for the write.
+        outer = argv[2]
+        assert (
+            outer.startswith("exec setpriv --reuid=nobody --regid=nogroup --init-groups ")
+            and " > " not in outer.split('"')[0]
+        )
+        subprocess.run(argv, check=True, timeout=30)
+    assert victim.read_text() == "root data\n" and stat.S_IMODE(victim.stat().st_mode) == 0o644
+    assert victim.stat().st_uid == 0
+    for name, value in (("api-key", KEY), ("env-HF_TOKEN", HF)):
+        st = (run / name).lstat()
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == 65534 and stat.S_IMODE(st.st_mode) == 0o400
+        assert (run / name).read_text() == value
+
+
+# ---------------------------------------------------------------------------------------------
+# Root-run tasks into directories the engine user owns, and getting a unit out of its start limit
+
+
+def tasks(name):
+    return yaml.safe_load((ROLE / "tasks" / name).read_text())
+
+
+def test_directory_tasks_do_not_follow_links():
+    """ansible.builtin.file follows a symlink at path unless follow: false: /var/lib/llmfleet (the
+    engine user's) could otherwise turn engine_state_dir into /etc and get it chowned."""
+    for f in sorted((ROLE / "tasks").glob("*.yml")):
+        for t in yaml.safe_load(f.read_text()) or []:
+            args = t.get("ansible.builtin.file")
+            if args and args.get("state") == "directory":
+                assert args.get("follow") is False, f"{f.name}: {t['name']}"
+
+
+def test_a_failed_unit_is_reset_before_it_is_started():
+    names = [t["name"] for t in tasks("0020-install.yml")]
+    reset = next(t for t in tasks("0020-install.yml") if "reset-failed" in str(t.get("ansible.builtin.command")))
+    assert names.index(reset["name"]) < names.index(next(n for n in names if n.startswith("Ordered restart")))
+    assert "ActiveState" in reset["when"] and "'failed'" in reset["when"]
+    assert reset["check_mode"] is False and "ansible_check_mode" in reset["ansible.builtin.command"]["argv"]
+
+
+def test_credential_tasks_are_no_log():
+    for t in tasks("0020-install.yml"):
+        text = json.dumps(t)
+        if ("engine_api_key }}" in text and "copy" in text) or "item.value" in text:
+            assert t.get("no_log") is True, t["name"]
