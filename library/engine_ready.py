@@ -32,6 +32,7 @@ options:
   journal_lines: {description: Journal lines of the first failed node., type: int, default: 40}
   unreachable_after: {description: "Seconds of failing SSH polls after which a node fails the gate (named, with the SSH error).", type: float, default: 30}
   connect_timeout: {description: SSH connect timeout per poll (s)., type: float, default: 10}
+  read_as: {description: "The engine's service user: files in its state directory are read as that user, never by root (a planted symlink gets nothing).", type: str}
 author: llmfleet developers
 """
 
@@ -77,6 +78,7 @@ def main() -> None:
             "journal_lines": {"type": "int", "default": 40},
             "unreachable_after": {"type": "float", "default": 30},
             "connect_timeout": {"type": "float", "default": 10},
+            "read_as": {"type": "str"},
         },
         supports_check_mode=True,
     )
@@ -92,7 +94,7 @@ def main() -> None:
         model=p["model"],
         api_key=p["api_key"] or None, prompt=p["prompt"], expect=p["expect"], deadline=p["deadline"],
         poll=p["poll"], journal_lines=p["journal_lines"], stop_timeout=p["stop_timeout"],
-        unreachable_after=p["unreachable_after"],
+        unreachable_after=p["unreachable_after"], read_as=p["read_as"],
     )  # fmt: skip
     try:
         res = gate.wait()

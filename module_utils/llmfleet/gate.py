@@ -132,10 +132,17 @@ def _json_or_none(text: str) -> dict | None:
     return val if isinstance(val, dict) else None
 
 
-def probe_script(unit: str, status_file: str) -> str:
-    u, s = shlex.quote(unit), shlex.quote(status_file)
+def read_cmd(path: str, read_as: str | None) -> str:
+    """Shell words that print a file the engine writes. The scripts run as root, and the engine's user
+    owns that directory: read as that user, so a planted symlink (say to /etc/shadow) gets nothing."""
+    p = shlex.quote(path)
+    return f"runuser -u {shlex.quote(read_as)} -- cat {p} 2>/dev/null" if read_as else f"cat {p} 2>/dev/null"
+
+
+def probe_script(unit: str, status_file: str, read_as: str | None = None) -> str:
+    u = shlex.quote(unit)
     show = f"systemctl show {u} --property={SHOW_PROPS} --no-pager"
-    return f"{show}; echo @@status; cat {s} 2>/dev/null; echo; echo @@end"
+    return f"{show}; echo @@status; {read_cmd(status_file, read_as)}; echo; echo @@end"
 
 
 def parse_probe(out: str) -> dict[str, Any]:
@@ -164,9 +171,10 @@ class Node:
         self.ready_seen_at: float | None = None
         self.unreachable_since: float | None = None  # first of the current run of failed SSH polls
         self.unreachable = False
+        self.read_as: str | None = None
 
     def probe(self, timeout: float = 20) -> dict[str, Any]:
-        rc, out, err = self.remote.run(probe_script(self.unit, self.status_file), timeout=timeout)
+        rc, out, err = self.remote.run(probe_script(self.unit, self.status_file, self.read_as), timeout=timeout)
         if rc != 0 and "@@status" not in out:
             self.unreachable_since = self.unreachable_since or time.time()
             return {"error": (err or out).strip()[-300:] or f"ssh exit {rc}", "since": self.unreachable_since}
@@ -293,6 +301,7 @@ class Gate:
         journal_lines: int = 40,
         stop_timeout: float = 300,
         unreachable_after: float = 30,
+        read_as: str | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
         if not nodes or min(int(n["rank"]) for n in nodes) != 0:
@@ -302,6 +311,9 @@ class Gate:
         self.nodes = sorted((Node(n, unit, status_file, record_file, self.control_dir) for n in nodes),
                             key=lambda n: n.rank)  # fmt: skip
         self.unreachable_after = unreachable_after
+        self.read_as = read_as
+        for n in self.nodes:
+            n.read_as = read_as
         self.unit, self.record_file = unit, record_file
         self.api_base, self.model, self.api_key = api_base.rstrip("/"), model, api_key
         self.prompt, self.expect = prompt, expect
@@ -413,8 +425,9 @@ class Gate:
     def _record(self, node: Node) -> dict | None:
         if node.unreachable:
             return None
-        f = shlex.quote(self.record_file)
-        _, out, _ = node.remote.run(f"cat {f} 2>/dev/null; echo @@1; cat {f}.1 2>/dev/null", timeout=20)
+        rd = self.read_as
+        script = f"{read_cmd(self.record_file, rd)}; echo @@1; {read_cmd(self.record_file + '.1', rd)}"
+        _, out, _ = node.remote.run(script, timeout=20)
         cur, _, prev = out.partition("@@1")
         recs = [r for r in (_json_or_none(cur), _json_or_none(prev)) if r]
         # The failing run: not a clean stop, the newest that ended after the gate began.
@@ -484,15 +497,17 @@ class Gate:
     # -- ordered stop ------------------------------------------------------------------------------
 
     def stop_all(self) -> list[dict[str, Any]]:
-        return ordered_stop([n.remote for n in self.nodes], self.unit, self.record_file, self.stop_timeout)
+        return ordered_stop(
+            [n.remote for n in self.nodes], self.unit, self.record_file, self.stop_timeout, read_as=self.read_as
+        )
 
 
-def _stop_one(remote: Remote, unit: str, record_file: str, timeout: float) -> dict[str, Any]:
-    u, f = shlex.quote(unit), shlex.quote(record_file)
+def _stop_one(remote: Remote, unit: str, record_file: str, timeout: float, read_as: str | None) -> dict[str, Any]:
+    u = shlex.quote(unit)
     t = time.time()
     rc, out, err = remote.run(
         f"systemctl stop {u}; rc=$?; systemctl show {u} --property={SHOW_PROPS} --no-pager; "
-        f"echo @@record; cat {f} 2>/dev/null; echo; echo @@rc=$rc",
+        f"echo @@record; {read_cmd(record_file, read_as)}; echo; echo @@rc=$rc",
         timeout=timeout + 30,
     )
     show, _, rest = out.partition("@@record")
@@ -517,15 +532,17 @@ def _stop_one(remote: Remote, unit: str, record_file: str, timeout: float) -> di
     return row
 
 
-def ordered_stop(remotes: list[Remote], unit: str, record_file: str, timeout: float) -> list[dict[str, Any]]:
+def ordered_stop(
+    remotes: list[Remote], unit: str, record_file: str, timeout: float, read_as: str | None = None
+) -> list[dict[str, Any]]:
     """Head (first) alone, then the others together; each with a bounded wait."""
     if not remotes:
         return []
-    rows = [_stop_one(remotes[0], unit, record_file, timeout)]
+    rows = [_stop_one(remotes[0], unit, record_file, timeout, read_as)]
     rest = remotes[1:]
     if rest:
         with ThreadPoolExecutor(max_workers=len(rest)) as pool:
-            rows += list(pool.map(lambda r: _stop_one(r, unit, record_file, timeout), rest))
+            rows += list(pool.map(lambda r: _stop_one(r, unit, record_file, timeout, read_as), rest))
     return rows
 
 

@@ -225,3 +225,61 @@ def test_a_node_the_gate_cannot_reach_fails_it_within_the_bound(prepared):
     assert "NOT stopped: node2" in out  # said plainly: the gate could not reach it
     engine(playbook="playbooks/engine_stop.yml")
     assert_all_stopped(lab)
+
+
+def test_other_secrets_go_through_credentials_and_an_open_api_is_loud(prepared):
+    lab = prepared
+    token = "hf-lab-0123456789abcdef"  # noqa: S105 (a test secret)
+    cp = engine("-e", json.dumps({"engine_secret_env": {"HF_TOKEN": token}}))
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    # No key and the API on 0.0.0.0: a warning in the play output.
+    assert re.search(r"WARNING: node1 serves the \w+ API of demo on", cp.stdout), cp.stdout[-3000:]
+    assert token not in cp.stdout + cp.stderr
+    cred = "/etc/llmfleet/credentials/demo.env-HF_TOKEN"
+    assert ssh(lab, "node1", f"stat -c '%U %a' {cred}").stdout.split() == ["root", "600"]
+    env = ssh(lab, "node1", "for p in $(pgrep -f '[e]ngine_sim.py'); do tr '\\0' '\\n' < /proc/$p/environ; done").stdout
+    assert f"HF_TOKEN={token}" in env  # the engine has it ...
+    for n in NODES:  # ... and it is nowhere else
+        text = ssh(lab, n, f"cat /etc/systemd/system/{UNIT} /etc/llmfleet/*.env; ps -eo args; "
+                           f"journalctl -u {UNIT} --no-pager").stdout  # fmt: skip
+        assert token not in text, n
+    # A variable turns the warning into an error, before anything restarts.
+    before = unit(lab, "node1", "InvocationID")
+    cp = engine("-e", "engine_require_api_key=true")
+    assert cp.returncode != 0 and "engine_require_api_key" in cp.stdout, cp.stdout[-3000:]
+    assert unit(lab, "node1", "InvocationID") == before
+    cp = engine()  # dropping the secret removes its credential (and restarts)
+    assert cp.returncode == 0, cp.stdout[-3000:]
+    assert ssh(lab, "node1", f"test -e {cred}", check=False).returncode == 1
+
+
+def test_a_planted_cache_symlink_is_never_followed(prepared):
+    """The engine's user owns the compile cache root; a fingerprint-named link to /etc must be
+    removed as a link by the root-run converge, and /etc keep its owner."""
+    lab = prepared
+    engine(playbook="playbooks/engine_stop.yml")
+    link = "/mnt/nvme/llmfleet/cache/demo/0000000000000000"
+    ssh(lab, "node1", f"setpriv --reuid=llmfleet --regid=llmfleet --clear-groups ln -sfn /etc {link}")
+    cp = engine("-e", "engine_cache_keep=1")
+    assert cp.returncode == 0, cp.stdout[-3000:]
+    assert ssh(lab, "node1", "stat -c '%U %G %a' /etc").stdout.split() == ["root", "root", "755"]
+    assert ssh(lab, "node1", f"test -L {link} || test -e {link}", check=False).returncode == 1
+
+
+def test_a_unit_at_its_start_limit_comes_back_on_the_next_converge(prepared):
+    """After StartLimitBurst starts within StartLimitIntervalSec systemd refuses to start the unit
+    until `systemctl reset-failed`: re-running the play must bring it back."""
+    lab = prepared
+    refused = "Start request repeated too quickly"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if refused in ssh(lab, "node2", f"journalctl -u {UNIT} -n 30 --no-pager").stdout:
+            break
+        ssh(lab, "node2", f"systemctl start {UNIT} --no-block; sleep 1; systemctl kill -s KILL {UNIT}; sleep 0.5")
+    # systemd 252 keeps the earlier Result (signal) when it refuses a start; the journal says why.
+    assert unit(lab, "node2", "ActiveState") == "failed"
+    assert refused in ssh(lab, "node2", f"journalctl -u {UNIT} -n 30 --no-pager").stdout
+    cp = engine()
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    assert "Clear the failed state" in cp.stdout
+    assert ask() == "703"

@@ -172,3 +172,37 @@ def test_probe_tracks_the_first_failed_poll(tmp_path):
     p1 = n.probe()
     p2 = n.probe()
     assert "no route" in p1["error"] and p1["since"] == p2["since"]
+
+
+@pytest.fixture
+def open_tmp():
+    """A scratch directory other users can traverse (pytest's tmp_path lives under a 0700 root dir)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d)
+
+
+def test_engine_files_are_read_as_the_engine_user_not_root(open_tmp):
+    """The engine's user owns its state directory: a status.json it turned into a symlink to a
+    root-only file must give the gate (which runs as root on the node) nothing."""
+    tmp_path = open_tmp
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$secret\n")
+    secret.chmod(0o600)
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chown(state, 65534, 65534)
+    (state / "status.json").symlink_to(secret)
+    path = str(state / "status.json")
+    as_root = subprocess.run(["sh", "-c", gate.read_cmd(path, None)], check=False, capture_output=True, text=True)
+    assert "secret" in as_root.stdout  # what the plain `cat` the gate used before did (as root)
+    safe = subprocess.run(["sh", "-c", gate.read_cmd(path, "nobody")], check=False, capture_output=True, text=True)
+    assert safe.stdout == ""
+    (state / "ok.json").write_text('{"phase": "serving"}')
+    ok = gate.read_cmd(str(state / "ok.json"), "nobody")
+    assert subprocess.run(["sh", "-c", ok], check=True, capture_output=True, text=True).stdout == '{"phase": "serving"}'

