@@ -23,7 +23,7 @@ DEFAULT_PORT = {"sglang": 30000, "vllm": 8000, "vllm_pd": 8000, "custom": 8000}
 DEFAULT_COMMAND = {"sglang": ["sglang", "serve"], "vllm": ["vllm", "serve"], "vllm_pd": ["vllm", "serve"]}
 HELP_ARGS = {"sglang": ["--help"], "vllm": ["--help=all"], "vllm_pd": ["--help=all"], "custom": ["--help"]}
 # Loader threads per rank when the deployment does not say: SGLang enables its multithread loader
-# with 8 threads by default (seed 000 section 7.2.2), vLLM's default loader reads with one.
+# with 8 threads by default (8 ranks x 8 threads = 64 readers per node in the field), vLLM's default loader reads with one.
 DEFAULT_LOADER_THREADS = {"sglang": 8, "vllm": 1, "vllm_pd": 1, "custom": 1}
 
 # Log phrases that mean "this node's part is up" (the wrapper counts matches and sends READY=1).
@@ -233,8 +233,9 @@ FINGERPRINT_KEYS = (
 
 
 def fingerprint(inputs: dict[str, Any]) -> str:
-    """16 hex digits over the things a JIT/compile cache is only valid for (seed 000 section 7.2.2:
-    engine commit + kernel libs + CUDA/driver + GPU compute capability + TP + revision/quantization)."""
+    """16 hex digits over the things a JIT/compile cache is only valid for (a cache built for another
+    engine/GPU/layout is wrong or rebuilt): engine commit + kernel libs + CUDA/driver + GPU compute
+    capability + TP + revision/quantization."""
     canon = {k: inputs.get(k) for k in FINGERPRINT_KEYS}
     return hashlib.sha256(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -259,7 +260,7 @@ def cache_env(cache_dir: str) -> dict[str, str]:
 def loader_fanout(
     profile: str, nnodes: int, ranks_per_node: int, threads: int | None, shared_storage: bool
 ) -> dict[str, Any]:
-    """Concurrent readers of the model files at load time (seed 000: 8 ranks x 8 threads = 64-way)."""
+    """Concurrent readers of the model files at load time (8 ranks x 8 threads = 64-way on one node in the field)."""
     t = threads if threads is not None else DEFAULT_LOADER_THREADS.get(profile, 1)
     per_node = ranks_per_node * t
     total = per_node * (nnodes if shared_storage else 1)

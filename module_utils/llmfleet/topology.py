@@ -1,7 +1,7 @@
 """GPU / HCA / NUMA / GID discovery from sysfs (+ NVML when present) and the fabric environment
 NCCL, Gloo, UCX and the engines must share on every rank.
 
-Reads only the sysfs attributes listed in docs/architecture (tests build fake trees of exactly
+Reads only the sysfs attributes listed in docs/topology.md (tests build fake trees of exactly
 these, with the kernel's symlinks). Stdlib only; pynvml is imported lazily.
 """
 

@@ -9,7 +9,7 @@ from llmfleet import engine
 from llmfleet.engine import PlanError
 from llmfleet.plan import node_plan
 
-# 4 x 8 GPUs, TP8 x PP4 (the seed 003 layout), 2 loader threads per rank on shared storage.
+# 4 x 8 GPUs, TP8 x PP4 (a field deployment's layout), 2 loader threads per rank on shared storage.
 SGLANG = {
     "profile": "sglang",
     "model_path": "/models/m",
