@@ -23,7 +23,8 @@ DEFAULT_PORT = {"sglang": 30000, "vllm": 8000, "vllm_pd": 8000, "custom": 8000}
 DEFAULT_COMMAND = {"sglang": ["sglang", "serve"], "vllm": ["vllm", "serve"], "vllm_pd": ["vllm", "serve"]}
 HELP_ARGS = {"sglang": ["--help"], "vllm": ["--help=all"], "vllm_pd": ["--help=all"], "custom": ["--help"]}
 # Loader threads per rank when the deployment does not say: SGLang enables its multithread loader
-# with 8 threads by default (8 ranks x 8 threads = 64 readers per node in the field), vLLM's default loader reads with one.
+# with 8 threads by default (8 ranks x 8 threads = 64 readers per node in the field), vLLM's default
+# loader reads with one.
 DEFAULT_LOADER_THREADS = {"sglang": 8, "vllm": 1, "vllm_pd": 1, "custom": 1}
 
 # Log phrases that mean "this node's part is up" (the wrapper counts matches and sends READY=1).
