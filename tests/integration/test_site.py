@@ -14,6 +14,9 @@ def test_site_installs_runtime_and_reports(lab, tmp_path):
     assert len({n["machine_id"] for n in report["nodes"].values()}) == LAB_NODES
     md = (tmp_path / "fleet-summary.md").read_text()
     assert sum(line.startswith("| node") and "| systemd |" in line for line in md.splitlines()) == LAB_NODES
+    # the lab's engine serves on every address without a key: the report says so, not only the play output
+    assert "## Warnings" in md and "node1 serves the sglang API of demo" in md, md[:2000]
+    assert any("with no engine_api_key" in w for w in report["warnings"])
     # the demo model was staged on every node, reading shared storage once for the fleet
     stage = json.loads((tmp_path / "stage-demo-model.json").read_text())["nodes"]
     assert sorted(stage) == sorted(report["nodes"])

