@@ -72,3 +72,27 @@ def test_nodes_have_an_operator_account_with_sudo(scratch_lab):
     assert out == ["ops", "0"], out
     keys = node.nsenter("stat", "-c", "%U %a", "/home/ops/.ssh/authorized_keys").stdout.split()
     assert keys == ["ops", "600"]
+
+
+def test_a_checkout_cloned_again_at_the_same_path_is_not_reused(tmp_path):
+    """A node mounts the checkout's directory, not its path: after `rm -rf X && git clone … X` a running
+    node would show the old, deleted tree (no .venv), so `up` must boot it again."""
+    proj = tmp_path / "checkout"
+    proj.mkdir()
+    (proj / "marker").write_text("old")
+    lab = labctl.Lab(name="lcu", subnet="10.79.0", state_root=tmp_path / "state", project=proj)
+    try:
+        lab.up(1)
+        before = lab.node(1).systemd_pid()
+        lab.up(1)
+        assert lab.node(1).systemd_pid() == before  # same checkout: reused
+        import shutil
+
+        shutil.rmtree(proj)
+        proj.mkdir()
+        (proj / "marker").write_text("new")
+        lab.up(1)
+        assert lab.node(1).systemd_pid() != before
+        assert lab.node(1).nsenter("cat", f"{proj}/marker").stdout == "new"
+    finally:
+        lab.down()

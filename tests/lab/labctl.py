@@ -208,6 +208,12 @@ class Lab:
     def ssh_config(self) -> Path:
         return self.state / "ssh_config"
 
+    def project_identity(self) -> str:
+        """The checkout a node mounts: its path and inode (a checkout removed and cloned again at the
+        same path is another directory; a node still mounting the old one sees none of the new files)."""
+        st = self.project.stat()
+        return f"{self.project} {st.st_dev}:{st.st_ino}"
+
     def node(self, i: int) -> Node:
         return Node(self, i)
 
@@ -280,7 +286,7 @@ class Lab:
             f'"{INIT_SCRIPT}" "{d}" {node.name} "{self.shared}" "{self.project}" >>"{d}/init.log" 2>&1 </dev/null'
         )
         (d / "launcher.pid").unlink(missing_ok=True)
-        (d / "project").write_text(str(self.project))
+        (d / "project").write_text(self.project_identity())
         run(["setsid", "-f", "/bin/sh", "-c", launcher])
 
     def _wait_booted(self, node: Node, deadline: float) -> None:
@@ -317,7 +323,7 @@ class Lab:
             # A running node is reused only if it mounts this checkout: another clone's lab would
             # show that clone's files (and venv) at a path this checkout's inventory does not use.
             mounted = node.dir / "project"
-            same_project = mounted.exists() and mounted.read_text() == str(self.project)
+            same_project = mounted.exists() and mounted.read_text() == self.project_identity()
             if not fresh and same_project and node.systemd_pid() is not None and node.ssh_ok():
                 hosts = self.hosts_for(node)
                 if (node.dir / "hosts").read_text() != hosts:  # the node count changed: update in place
