@@ -9,12 +9,30 @@ module: engine_flags
 short_description: Check an engine command line against the engine's own --help
 description:
   - Runs the engine's help once (C(sglang serve --help), C(vllm serve --help=all)) and fails naming every
-    flag of I(argv) it does not list, with close matches. Read-only.
+    flag of I(argv) the engine would not accept, with why and close matches. Read-only.
+  - Reads the help as the engine's own parser reads argv (C(llmfleet.helpflags)), per I(profile) - vLLM takes
+    C(--max_num_seqs), dotted keys (C(-cc.mode=none)), C(-O3) and unique prefixes; SGLang unique prefixes
+    (C(--tp)); an ambiguous prefix (C(--enable-metric) where C(--enable-metrics) and
+    C(--enable-metrics-for-all-schedulers) exist) is refused, as the engine refuses it.
 options:
-  command: {description: The engine command (e.g. [sglang, serve])., type: list, elements: str, required: true}
-  profile: {description: sglang, vllm, vllm_pd or custom (which help flag to pass)., type: str, required: true}
-  argv: {description: The full command line the unit will run., type: list, elements: str, required: true}
-  timeout: {description: Seconds the help may take (real engines import torch first)., type: float, default: 300}
+  command:
+    description: The engine command, e.g. C([sglang, serve]).
+    type: list
+    elements: str
+    required: true
+  profile:
+    description: C(sglang), C(vllm), C(vllm_pd) or C(custom) - which help flag to pass and how the engine reads argv.
+    type: str
+    required: true
+  argv:
+    description: The full command line the unit will run.
+    type: list
+    elements: str
+    required: true
+  timeout:
+    description: Seconds the help may take (real engines import torch first).
+    type: float
+    default: 300
 author: llmfleet developers
 """
 
@@ -27,12 +45,20 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-known_flags: {description: How many flags the help lists., returned: always, type: int}
-unknown: {description: "[{flag, did_you_mean}]", returned: always, type: list}
+known_flags:
+  description: How many option strings the help lists.
+  returned: always
+  type: int
+unknown:
+  description: The refused flags, C([{flag, why, did_you_mean}]); I(why) is C(unknown), C(ambiguous), C(abbreviation) or C(malformed).
+  returned: always
+  type: list
+  elements: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.engine import PlanError, describe_unknown, help_text, parse_help_flags, unknown_flags
+from ansible.module_utils.llmfleet.engine import PlanError, describe_unknown, help_text
+from ansible.module_utils.llmfleet.helpflags import parse_help_flags, unknown_flags
 
 
 def main() -> None:
@@ -50,8 +76,8 @@ def main() -> None:
         text = help_text(p["command"], p["profile"], p["timeout"])
     except PlanError as e:
         module.fail_json(msg=str(e), unknown=[], known_flags=0)
-    problems = unknown_flags(p["argv"], text, skip=len(p["command"]))
-    known = len(parse_help_flags(text))
+    problems = unknown_flags(p["argv"], text, p["profile"], skip=len(p["command"]))
+    known = len(parse_help_flags(text, p["profile"]))
     if problems:
         module.fail_json(msg=describe_unknown(problems, " ".join(p["command"])), unknown=problems, known_flags=known)
     module.exit_json(changed=False, unknown=[], known_flags=known)

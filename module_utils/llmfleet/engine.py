@@ -8,7 +8,6 @@ the golden tests pin the command lines they render for the field reports' deploy
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
@@ -27,13 +26,26 @@ HELP_ARGS = {"sglang": ["--help"], "vllm": ["--help=all"], "vllm_pd": ["--help=a
 # loader reads with one.
 DEFAULT_LOADER_THREADS = {"sglang": 8, "vllm": 1, "vllm_pd": 1, "custom": 1}
 
-# Log phrases that mean "this node's part is up" (the wrapper counts matches and sends READY=1).
+# Log phrases that mean "this node's part is up" (the wrapper counts matching lines and sends READY=1).
+# The head (the API server): once per API server process. vLLM 0.32's uvicorn line (stderr, untagged) comes
+# after `Starting vLLM server on` and exactly once on a one-API-server head (tests/fixtures/engines/*.log).
 SERVING_RE = {
     "sglang": r"The server is fired up and ready to roll!",
     "vllm": r"Application startup complete",
 }
-RANK_WARM_RE = {"sglang": r"Capture cuda graph end", "vllm": r"Graph capturing finished"}
-RANK_LOADED_RE = {"sglang": r"Load weight end", "vllm": r"Model loading took"}
+# A node without the API, SGLang: every rank's scheduler logs its own last start-up line (count: local ranks).
+SGLANG_RANK_UP_RE = {"graphs": r"Capture cuda graph end", "eager": r"Load weight end"}
+# A node without the API, vLLM (--headless): count 1. The GPU model runner logs `Graph capturing finished` and
+# `Model loading took` with logger.info_once, whose default scope is the node's local rank 0 (vllm/logger.py,
+# v1/worker/gpu_model_runner.py in 0.32 and 0.33): once per node, so counting one per local rank never
+# completes. The CPU build logs neither; its last start-up line is each rank's `Explicitly set (1.0/13.84) GiB
+# for KV cache on node 0.` (`Auto set (...) GiB for KV cache on node N, ...` without VLLM_CPU_KVCACHE_SPACE;
+# v1/worker/cpu_worker.py, eager or not). The engine core sizes the KV cache on all local workers in one
+# collective call, so the first of those lines is as good as the last.
+VLLM_NODE_UP_RE = {
+    "graphs": r"Graph capturing finished|GiB for KV cache on node",
+    "eager": r"Model loading took|GiB for KV cache on node",
+}
 NO_GRAPH_FLAGS = {"sglang": "--disable-cuda-graph", "vllm": "--enforce-eager"}
 
 
@@ -147,15 +159,18 @@ def _vllm_argv(  # noqa: PLR0917 (private helper of render_argv)
 
 
 def ready_rule(profile: str, node_rank: int, nnodes: int, ranks_per_node: int, argv: list[str]) -> dict:
-    """When the wrapper may send READY=1 for this node: the head when it serves; another node when
-    each of its local ranks is warm (CUDA graphs captured) or loaded when graphs are off."""
+    """When the wrapper may send READY=1 for this node: the head when it serves; another node when its
+    start-up is done (SGLang: every local rank captured CUDA graphs, or loaded weights when graphs are off;
+    vLLM: the node's once-per-node graph / weights line, or the CPU build's KV-cache line)."""
     flavour = _flavour(profile)
     if profile == "custom":
         return {"regex": SERVING_RE["vllm"] + "|" + SERVING_RE["sglang"], "count": 1}
     if node_rank == 0 or profile == "vllm_pd":
         return {"regex": SERVING_RE[flavour], "count": 1}
-    per_rank = RANK_LOADED_RE if NO_GRAPH_FLAGS[flavour] in argv else RANK_WARM_RE
-    return {"regex": per_rank[flavour], "count": max(1, ranks_per_node)}
+    mode = "eager" if NO_GRAPH_FLAGS[flavour] in argv else "graphs"
+    if flavour == "sglang":
+        return {"regex": SGLANG_RANK_UP_RE[mode], "count": max(1, ranks_per_node)}
+    return {"regex": VLLM_NODE_UP_RE[mode], "count": 1}
 
 
 def serves_api(profile: str, node_rank: int) -> bool:
@@ -164,50 +179,26 @@ def serves_api(profile: str, node_rank: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Engine flags against the engine's own --help
+# Engine flags against the engine's own --help: llmfleet.helpflags reads the help and argv as the engine
+# does (parse_help_flags, argv_flags, unknown_flags); this says what it found.
 
-
-_LONG = re.compile(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_.-]*)")
-_SHORT = re.compile(r"(?:^|[\s,\[{|])(-[A-Za-z][A-Za-z0-9]{0,3})(?=[\s,\]}|=]|$)")
-
-
-def parse_help_flags(text: str) -> set[str]:
-    """Every option an argparse-style --help lists (long options anywhere, short ones on option lines)."""
-    flags = set(_LONG.findall(text))
-    for line in text.splitlines():
-        if line.lstrip().startswith("-"):
-            flags.update(_SHORT.findall(line))
-    flags.discard("--")
-    return flags
-
-
-def argv_flags(argv: list[str], skip: int = 0) -> list[str]:
-    """Option names used in argv (values skipped; --x=y counts as --x; negative numbers ignored)."""
-    out = []
-    for tok in argv[skip:]:
-        if not tok.startswith("-") or tok == "-" or re.fullmatch(r"-\d+(\.\d+)?", tok):
-            continue
-        out.append(tok.split("=", 1)[0])
-    return out
-
-
-def unknown_flags(argv: list[str], help_text: str, skip: int = 0) -> list[dict[str, Any]]:
-    """Flags in argv the engine's help does not list, each with did-you-mean suggestions."""
-    known = parse_help_flags(help_text)
-    problems = []
-    for flag in argv_flags(argv, skip):
-        if flag in known:
-            continue
-        close = difflib.get_close_matches(flag, sorted(known), n=3, cutoff=0.6)
-        problems.append({"flag": flag, "did_you_mean": close})
-    return problems
+# Why a flag was refused (helpflags.resolve_flag's "how"), said to the operator after the hints.
+_WHY = {
+    "ambiguous": "a prefix of more than one option, which the engine refuses",
+    "abbreviation": "an abbreviation: spell the option out (a later version can make a prefix ambiguous)",
+    "malformed": "a dotted key or value the engine cannot read (dotted keys need an option that takes JSON)",
+}
 
 
 def describe_unknown(problems: list[dict[str, Any]], engine: str) -> str:
+    """One sentence naming every flag helpflags.unknown_flags refused, its did-you-mean (option strings the
+    help lists) and why when it is not plainly unknown."""
     parts = []
     for p in problems:
-        hint = f" (did you mean {' or '.join(p['did_you_mean'])}?)" if p["did_you_mean"] else ""
-        parts.append(f"{p['flag']}{hint}")
+        hints = p.get("did_you_mean") or []
+        why = _WHY.get(p.get("why") or "unknown")
+        text = " ".join(t for t in (f"did you mean {' or '.join(hints)}?" if hints else "", why or "") if t)
+        parts.append(f"{p['flag']} ({text})" if text else p["flag"])
     return (
         f"{engine} does not accept: {'; '.join(parts)}. The flags come from the engine's own --help on the head; "
         "fix engine_extra_args (or the engine version) before starting 8 GPUs x N nodes for minutes"

@@ -264,7 +264,9 @@ def chat_check(base: str, model: str, prompt: str, expect: str, *, api_key: str 
     }
     code, resp = http("POST", f"{base}/v1/chat/completions", body, api_key, timeout)
     if code != 200 or not isinstance(resp, dict):
-        return {"ok": False, "why": f"chat completion: HTTP {code}: {str(resp)[:300]}"}
+        # A 4xx says the request is refused (bad max_tokens, wrong key, unknown model): asking again
+        # cannot help, so it is final; 5xx and connection errors may pass while the engine warms up.
+        return {"ok": False, "why": f"chat completion: HTTP {code}: {str(resp)[:300]}", "final": 400 <= code < 500}
     try:
         content = resp["choices"][0]["message"].get("content") or ""
     except (KeyError, IndexError, TypeError, AttributeError):
@@ -322,6 +324,8 @@ class Gate:
         self.log = log or (lambda _m: None)
         self.events: dict[str, float] = {}
         self.last_problem = ""
+        self.final_problem = ""  # an API answer that asking again cannot change: fail now, not at the deadline
+        self.wrong_answers = 0
 
     # -- readiness ------------------------------------------------------------------------------
 
@@ -363,6 +367,11 @@ class Gate:
                     return self._fail(t0, "a unit failed")
                 if all_active:
                     answer = self._head_checks(host.strip("[]"), int(port or 80))
+                    if self.final_problem:
+                        head = self.nodes[0]
+                        head.failed_at = time.time()
+                        head.failure = f"asking again cannot help: {self.final_problem}"
+                        return self._fail(t0, "bad answer")
                     if answer is not None:
                         report = self._report(t0)
                         return {"ready": True, "failed": False, **report, "answer": answer, "reported_at": time.time()}
@@ -387,6 +396,10 @@ class Gate:
         chk = chat_check(self.api_base, self.model, self.prompt, self.expect, api_key=self.api_key, timeout=120)
         if not chk["ok"]:
             self.last_problem = chk["why"]
+            # A refused request, or the same wrong answer three times in a row, will not fix itself.
+            self.wrong_answers = self.wrong_answers + 1 if "answer" in chk else 0
+            if chk.get("final") or self.wrong_answers >= 3:
+                self.final_problem = chk["why"]
             return None
         self.events["first_correct_answer"] = time.time()
         return chk["answer"]

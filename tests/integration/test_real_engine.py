@@ -31,7 +31,7 @@ def real_vars(**more):
         "engine_served_model_name": "det-model",
         "engine_tp_size": 2,
         "engine_pp_size": 1,
-        "engine_extra_args": ["--enforce-eager", "--max-model-len", "256", "--dtype", "bfloat16"],
+        "engine_extra_args": ["--enforce-eager", "--max-model-len", "2048", "--dtype", "bfloat16"],
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
         "engine_ready_deadline": 420,
         "engine_start_timeout": 600,

