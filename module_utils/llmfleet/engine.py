@@ -234,19 +234,29 @@ def fingerprint(inputs: dict[str, Any]) -> str:
 
 # Every JIT/compile cache the engines and their kernel libraries write, pointed into one directory
 # per fingerprint (defaults are scattered under ~/.cache and /tmp and survive incompatible upgrades).
+# SGLang 0.5.23 (srt/environ.py) keeps its own caches under SGLANG_CACHE_DIR (~/.cache/sglang) and
+# redirects Triton, inductor, CUDA's, TileLang's and FlashInfer's there unless they are set already.
 CACHE_ENV = {
     "XDG_CACHE_HOME": "xdg",
     "TRITON_CACHE_DIR": "triton",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
     "DG_JIT_CACHE_DIR": "deep_gemm",
+    "SGLANG_DG_CACHE_DIR": "deep_gemm",
     "FLASHINFER_WORKSPACE_BASE": "flashinfer",
     "TVM_FFI_CACHE_DIR": "tvm-ffi",
+    "TILELANG_CACHE_DIR": "tilelang",
+    "CUDA_CACHE_PATH": "nv",
+    "SGLANG_CACHE_DIR": "sglang",
     "VLLM_CACHE_ROOT": "vllm",
 }
 
 
 def cache_env(cache_dir: str) -> dict[str, str]:
-    return {var: f"{cache_dir.rstrip('/')}/{sub}" for var, sub in CACHE_ENV.items()}
+    """The cache variables, and HOME: the unit's ProtectSystem=strict makes the service user's home
+    read-only, and anything that still writes under ~ (a library's ~/.config, ~/.triton) needs a
+    writable one; the fingerprint directory is the engine's own and writable."""
+    base = cache_dir.rstrip("/")
+    return {"HOME": base, **{var: f"{base}/{sub}" for var, sub in CACHE_ENV.items()}}
 
 
 def loader_fanout(

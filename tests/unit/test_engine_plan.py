@@ -303,8 +303,14 @@ def test_cache_env_points_every_cache_into_the_fingerprint_dir():
         "DG_JIT_CACHE_DIR",
         "VLLM_CACHE_ROOT",
         "XDG_CACHE_HOME",
+        "SGLANG_CACHE_DIR",
+        "SGLANG_DG_CACHE_DIR",
+        "TILELANG_CACHE_DIR",
+        "CUDA_CACHE_PATH",
     } <= set(env)
-    assert all(v.startswith("/mnt/nvme/llmfleet/cache/qwen/0123456789abcdef/") for v in env.values())
+    assert all(v.startswith("/mnt/nvme/llmfleet/cache/qwen/0123456789abcdef") for v in env.values())
+    # a writable home (ProtectSystem=strict makes the service user's own home read-only)
+    assert env["HOME"] == "/mnt/nvme/llmfleet/cache/qwen/0123456789abcdef"
 
 
 def test_prepare_cache_keeps_current_and_in_use(tmp_path):
