@@ -171,7 +171,7 @@ def bench_fleet(nodes: int, gb: float) -> tuple[str, dict]:
             "lease_dir": "/mnt/shared-rw/llmfleet/leases",
         }
         subprocess.run(
-            [str(BIN / "ansible"), "node1", *base, "-m", "model_manifest", "-a", json.dumps(margs)],
+            [str(BIN / "ansible"), "node1", *base, "-m", "llmfleet_model_manifest", "-a", json.dumps(margs)],
             cwd=ROOT, env=env, check=True, capture_output=True,
         )  # fmt: skip
         drop_caches()

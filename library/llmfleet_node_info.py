@@ -11,7 +11,7 @@ description:
   - Reads hostname, machine-id, boot id, PID 1, kernel, CPU count, memory, NVIDIA GPUs (from sysfs),
     the staging disk and the shared-storage mount of a node.
   - The logic lives in the C(llmfleet.nodeinfo) package module, shipped as module_utils.
-  - Read-only; supports check mode.
+  - Read-only.
 options:
   nvme_path:
     description: Node-local staging disk mount point.
@@ -21,6 +21,15 @@ options:
     description: Shared-storage mount point (model source).
     type: path
     default: /mnt/shared
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Read-only; runs the same in check mode.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in --diff mode).
+    support: none
+    details: Changes nothing.
 author: llmfleet developers
 """
 
@@ -42,14 +51,16 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet.nodeinfo import gather
 
 
+def argument_spec() -> dict:
+    """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
+    return {
+        "nvme_path": {"type": "path", "default": "/mnt/nvme"},
+        "shared_path": {"type": "path", "default": "/mnt/shared"},
+    }
+
+
 def build_module() -> AnsibleModule:
-    return AnsibleModule(
-        argument_spec={
-            "nvme_path": {"type": "path", "default": "/mnt/nvme"},
-            "shared_path": {"type": "path", "default": "/mnt/shared"},
-        },
-        supports_check_mode=True,
-    )
+    return AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
 
 
 def run(module: AnsibleModule) -> None:

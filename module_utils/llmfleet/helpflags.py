@@ -233,7 +233,7 @@ def unknown_flags(
     argv: list[str], help_text: str, engine: str | None = None, skip: int = 0, allow_abbrev: bool = True
 ) -> list[dict[str, Any]]:
     """Flags in argv the engine would not accept: [{"flag", "why" (resolve_flag's how),
-    "did_you_mean"}] (engine.describe_unknown words them; library/engine_flags.py passes the profile)."""
+    "did_you_mean"}] (engine.describe_unknown words them; library/llmfleet_engine_flags.py passes the profile)."""
     known = parse_help_options(help_text, engine)
     problems = []
     for flag in argv_flags(argv, skip):

@@ -1,6 +1,6 @@
 """Writes as root into directories another user can change, without following that user's symlinks.
 
-Root-run code (the engine_facts and model_stage modules) creates, chowns, writes and deletes under
+Root-run code (the llmfleet_engine_cache and llmfleet_model_stage modules) creates, chowns, writes and deletes under
 directories that the engine's service user owns (the compile-cache root, /var/lib/llmfleet) or that
 every node writes (shared storage). A plain ``makedirs``/``chown``/``open(path, "w")``/``rmtree`` there
 follows whatever symlink that user planted: ``<cache>/<fingerprint> -> /etc`` gets /etc chowned to the

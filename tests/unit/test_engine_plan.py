@@ -8,9 +8,9 @@ import shlex
 import sys
 from pathlib import Path
 
-import engine_flags
 import pytest
 
+import llmfleet_engine_flags
 from llmfleet import engine, helpflags
 from llmfleet.engine import PlanError
 from tests.unit.module_utils import AnsibleExitJson, AnsibleFailJson, set_module_args
@@ -259,11 +259,11 @@ def test_describe_unknown_without_hints():
 
 
 def _engine_flags(profile, help_file, extra):
-    """library/engine_flags.py in-process, the engine's --help played by a Python that prints a captured one."""
+    """library/llmfleet_engine_flags.py in-process, the engine's --help played by a Python that prints a captured one."""
     command = [sys.executable, "-c", f"print(open({str(FIX / help_file)!r}).read(), end='')"]
     args = {"command": command, "profile": profile, "argv": [*command, *extra], "timeout": 60}
     with set_module_args(args), pytest.raises((AnsibleExitJson, AnsibleFailJson)) as e:
-        engine_flags.main()
+        llmfleet_engine_flags.main()
     return e.value.args[0]
 
 

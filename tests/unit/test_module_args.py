@@ -3,11 +3,11 @@ role variable behind it, never a traceback (run in-process, as community.general
 
 import json
 
-import fabric_facts
-import model_manifest
-import model_stage
 import pytest
 
+import llmfleet_fabric_facts
+import llmfleet_model_manifest
+import llmfleet_model_stage
 from tests.unit.module_utils import AnsibleExitJson, AnsibleFailJson, set_module_args
 
 REV = "c" * 40
@@ -25,18 +25,18 @@ def manifest_args(tmp_path, **over):
 
 OUT_OF_RANGE = [
     # (module, option, value, text in msg)
-    (model_stage, "max_source_readers", 0, "max_source_readers=0 is out of range (set by the role variable model_stage_max_source_readers): it must be >= 1"),
-    (model_stage, "max_source_readers", -2, "model_stage_max_source_readers"),
-    (model_stage, "threads", 0, "threads=0 is out of range (set by the role variable model_stage_threads): it must be >= 1"),
-    (model_stage, "keep", 0, "keep=0 is out of range (set by the role variable model_stage_keep)"),
-    (model_stage, "keep", -1, "keep=-1"),
-    (model_stage, "free_space_margin_bytes", -1, "model_stage_free_space_margin_gb"),
-    (model_stage, "serve_port", 70000, "serve_port=70000 is out of range (set by the role variable model_stage_peer_port): it must be between 0 and 65535"),
-    (model_stage, "rate_limit_bytes_per_s", -5, "model_stage_rate_limit_mib_s"),
-    (model_stage, "lease_ttl", 0, "lease_ttl=0.0 is out of range: it must be >= 1"),
-    (model_stage, "finish_wait", -1, "model_stage_timeout"),
-    (model_manifest, "max_source_readers", 0, "max_source_readers=0 is out of range (set by the role variable model_stage_max_source_readers): it must be >= 1"),
-    (model_manifest, "threads", -1, "model_stage_threads"),
+    (llmfleet_model_stage, "max_source_readers", 0, "max_source_readers=0 is out of range (set by the role variable model_stage_max_source_readers): it must be >= 1"),
+    (llmfleet_model_stage, "max_source_readers", -2, "model_stage_max_source_readers"),
+    (llmfleet_model_stage, "threads", 0, "threads=0 is out of range (set by the role variable model_stage_threads): it must be >= 1"),
+    (llmfleet_model_stage, "keep", 0, "keep=0 is out of range (set by the role variable model_stage_keep)"),
+    (llmfleet_model_stage, "keep", -1, "keep=-1"),
+    (llmfleet_model_stage, "free_space_margin_bytes", -1, "model_stage_free_space_margin_gb"),
+    (llmfleet_model_stage, "serve_port", 70000, "serve_port=70000 is out of range (set by the role variable model_stage_peer_port): it must be between 0 and 65535"),
+    (llmfleet_model_stage, "rate_limit_bytes_per_s", -5, "model_stage_rate_limit_mib_s"),
+    (llmfleet_model_stage, "lease_ttl", 0, "lease_ttl=0.0 is out of range: it must be >= 1"),
+    (llmfleet_model_stage, "finish_wait", -1, "model_stage_timeout"),
+    (llmfleet_model_manifest, "max_source_readers", 0, "max_source_readers=0 is out of range (set by the role variable model_stage_max_source_readers): it must be >= 1"),
+    (llmfleet_model_manifest, "threads", -1, "model_stage_threads"),
 ]  # fmt: skip
 
 
@@ -47,7 +47,7 @@ OUT_OF_RANGE = [
 def test_out_of_range_options_fail_early_naming_the_variable(
     module_exits, tmp_path, module, option, value, text, check_mode
 ):
-    args = (stage_args if module is model_stage else manifest_args)(tmp_path, **{option: value})
+    args = (stage_args if module is llmfleet_model_stage else manifest_args)(tmp_path, **{option: value})
     with set_module_args({**args, "_ansible_check_mode": check_mode}), pytest.raises(AnsibleFailJson) as e:
         module.main()
     assert text in e.value.args[0]["msg"]
@@ -60,7 +60,7 @@ def test_model_stage_malformed_manifest_is_a_failure_not_a_traceback(module_exit
         json.dumps({"format": "llmfleet-manifest/1", "files": [{"path": "../x", "size": 1, "sha256": "0" * 64}]})
     )
     with set_module_args(stage_args(tmp_path, manifest_path=str(bad))), pytest.raises(AnsibleFailJson) as e:
-        model_stage.main()
+        llmfleet_model_stage.main()
     assert "leaves the revision directory" in e.value.args[0]["msg"] and "node1" in e.value.args[0]["msg"]
 
 
@@ -74,14 +74,14 @@ FABRIC_BAD = [
 
 
 @pytest.mark.parametrize(("args", "text"), FABRIC_BAD)
-def test_fabric_facts_refuses_malformed_overrides(module_exits, tmp_path, args, text):
+def test_llmfleet_fabric_facts_refuses_malformed_overrides(module_exits, tmp_path, args, text):
     with set_module_args({"sysfs_root": str(tmp_path), "use_nvml": False, **args}), pytest.raises(AnsibleFailJson) as e:
-        fabric_facts.main()
+        llmfleet_fabric_facts.main()
     assert text in e.value.args[0]["msg"]
 
 
-def test_fabric_facts_in_range_still_works(module_exits, tmp_path):
+def test_llmfleet_fabric_facts_in_range_still_works(module_exits, tmp_path):
     with set_module_args({"sysfs_root": str(tmp_path), "use_nvml": False, "extra_env": {"NCCL_NVLS_ENABLE": 0}}), \
             pytest.raises(AnsibleExitJson) as e:  # fmt: skip
-        fabric_facts.main()
+        llmfleet_fabric_facts.main()
     assert e.value.args[0]["env"]["NCCL_NVLS_ENABLE"] == "0"

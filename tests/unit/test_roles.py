@@ -1,4 +1,5 @@
-"""Every role has argument_specs in sync with its defaults, and a molecule scenario on the lab."""
+"""Every role has argument_specs in sync with its defaults, a description of its own for every option,
+a README generated from the spec, and a molecule scenario on the lab."""
 
 import re
 from pathlib import Path
@@ -48,6 +49,71 @@ def test_molecule_scenario_uses_the_lab(role):
     assert "ansible.builtin.assert" in verify, f"{role.name}: verify.yml asserts nothing"
 
 
+# ---- every option says what it does, in its own words, and the README says what the spec says -------
+
+MIN_WORDS = 5  # "Base name." says nothing a reader can act on
+
+
+def _normalized(text):
+    from tests.helpers.role_readme import as_text
+
+    return " ".join(re.sub(r"[^\w\s]", " ", as_text(text).lower()).split())
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_every_option_has_its_own_description(role):
+    options = spec_of(role.name)["options"]
+    by_text = {}
+    for name, opt in options.items():
+        by_text.setdefault(_normalized(opt.get("description")), []).append(name)
+    shared = [names for names in by_text.values() if len(names) > 1]
+    assert not shared, f"{role.name}: options share one description (say what each one does): {shared}"
+    short = [name for name, opt in options.items() if len(_normalized(opt.get("description")).split()) < MIN_WORDS]
+    assert not short, f"{role.name}: descriptions shorter than {MIN_WORDS} words: {short}"
+
+
+def test_role_readmes_are_generated_from_the_specs():
+    import subprocess
+    import sys
+
+    cp = subprocess.run([sys.executable, str(ROOT / "tests/helpers/role_readme.py"), "--check"],
+                        capture_output=True, text=True, check=False, timeout=60, cwd=ROOT)  # fmt: skip
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
+def test_a_stale_readme_is_named_and_table_cells_stay_one_cell(tmp_path, capsys):
+    from tests.helpers import role_readme
+
+    meta = tmp_path / "roles/demo/meta"
+    meta.mkdir(parents=True)
+    spec = {"main": {"short_description": "Demo role", "description": ["Does a | b."], "options": {
+        "demo_sep": {"type": "str", "default": "a|b", "choices": ["a|b", "c"],
+                     "description": "Separator between demo_lines fields, a | b."},
+        "demo_lines": {"type": "str", "default": "one\ntwo", "description": "Two lines, kept in one cell."},
+        "demo_key": {"type": "str", "default": "s3cret", "no_log": True, "description": "A secret nobody reads here."},
+    }}}  # fmt: skip
+    (meta / "argument_specs.yml").write_text(yaml.safe_dump({"argument_specs": spec}, sort_keys=False))
+    assert role_readme.main(["--check"], root=tmp_path) == 1
+    assert "roles/demo/README.md" in capsys.readouterr().err
+    assert role_readme.main([], root=tmp_path) == 0
+    assert role_readme.main(["--check"], root=tmp_path) == 0
+    text = (tmp_path / "roles/demo/README.md").read_text()
+    assert "do not edit" in text and "s3cret" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| `demo_")]
+    assert len(rows) == 3
+    for row in rows:  # 5 cells = 6 bare pipes; those in values and text are escaped
+        assert len(re.findall(r"(?<!\\)\|", row)) == 6, row
+    assert "`a\\|b`" in rows[0] and '`"one\\ntwo"`' in rows[1]
+    assert role_readme.cell("x|y\nz") == "x\\|y<br>z"
+    (meta / "argument_specs.yml").write_text((meta / "argument_specs.yml").read_text().replace("Two lines", "2 lines"))
+    assert role_readme.main(["--check"], root=tmp_path) == 1
+
+
+def test_engine_restart_reaches_systemd_unchecked():
+    # No choices: tests/integration/test_engine.py sends a bad value and expects systemd-analyze verify to refuse it.
+    assert "choices" not in spec_of("engine")["options"]["engine_restart"]
+
+
 # ---- the specs reject wrong types and values --------------------------------------------------------
 
 SAMPLE = {"str": "x", "path": "/x", "int": 1, "float": 1.0, "bool": True, "list": [], "dict": {}, "raw": "x"}
@@ -79,7 +145,7 @@ def test_defaults_pass_their_own_spec(role):
 
 # Enumerated variables and the code that defines their values: the spec's choices must be exactly these.
 ENUMERATED = {
-    ("nccl_check", "nccl_check_backend"): ["nccl", "gloo"],  # collective_check's backend choices
+    ("nccl_check", "nccl_check_backend"): ["nccl", "gloo"],  # llmfleet_collective_check's backend choices
     ("nccl_check", "nccl_check_ops"): "llmfleet.collcheck.OPS",
 }
 

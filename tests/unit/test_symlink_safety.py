@@ -258,16 +258,17 @@ def test_manifest_cache_dir_swapped_for_a_symlink_is_refused(tmp_path, victim):
 
 
 # ---------------------------------------------------------------------------------------------
-# library/engine_facts.py: the refusal is a clean fail_json naming the link
+# library/llmfleet_engine_cache.py: the refusal is a clean fail_json naming the link
 
 
-def test_engine_facts_fails_naming_the_planted_link(module_exits, monkeypatch, tmp_path, victim):
-    import engine_facts
-
+def test_engine_cache_fails_naming_the_planted_link(module_exits, monkeypatch, tmp_path, victim):
+    import llmfleet_engine_cache
     from tests.unit.module_utils import AnsibleFailJson, set_module_args
 
-    monkeypatch.setattr(engine_facts, "engine_versions", lambda python: {"versions": {"sglang": "0.5"}, "cuda": "12.8"})
-    monkeypatch.setattr(engine_facts, "gpu_facts", lambda: {"driver": "570", "compute_capability": "9.0"})
+    monkeypatch.setattr(
+        llmfleet_engine_cache, "engine_versions", lambda python: {"versions": {"sglang": "0.5"}, "cuda": "12.8"}
+    )
+    monkeypatch.setattr(llmfleet_engine_cache, "gpu_facts", lambda: {"driver": "570", "compute_capability": "9.0"})
     model = tmp_path / "model"
     model.mkdir()
     cache = engine_owned(tmp_path / "cache")
@@ -276,6 +277,6 @@ def test_engine_facts_fails_naming_the_planted_link(module_exits, monkeypatch, t
     args = {"engine_python": "/usr/bin/python3", "engine": "sglang", "model_path": str(model), "tp": 1, "pp": 1,
             "cache_root": str(cache / "demo"), "owner": "nobody", "group": "nogroup"}  # fmt: skip
     with set_module_args(args), pytest.raises(AnsibleFailJson) as e:
-        engine_facts.main()
+        llmfleet_engine_cache.main()
     msg = e.value.args[0]["msg"]
     assert f"{cache / 'demo'} is a symlink to {victim}" in msg and "nothing was changed" in msg

@@ -1,4 +1,4 @@
-"""Action plugin: wait for an async model_stage job, printing each node's progress as it runs
+"""Action plugin: wait for an async llmfleet_model_stage job, printing each node's progress as it runs
 (bytes done / total, rate, source vs peer bytes) instead of one line at the end."""
 
 from __future__ import annotations
@@ -13,16 +13,18 @@ from ansible.utils.display import Display
 
 display = Display()
 
-DOCUMENTATION = r"""
----
-module: model_stage_wait
-short_description: Wait for an async model_stage job and show its progress
-options:
-  jid: {description: The async job id of model_stage., type: str, required: true}
-  progress_path: {description: The job's progress JSON on the node., type: path, required: true}
-  timeout: {description: Seconds before giving up (partial work is kept for a rerun)., type: int, default: 21600}
-  interval: {description: Seconds between progress lines., type: float, default: 5}
-"""
+# Documented by the stub module library/llmfleet_model_stage_wait.py (ansible-doc reads modules there).
+
+
+def argument_spec() -> dict:
+    """The options (a fresh dict each call); tests compare them with the stub's DOCUMENTATION."""
+    return {
+        "jid": {"type": "str", "required": True},
+        "progress_path": {"type": "path", "required": True},
+        "timeout": {"type": "int", "default": 21600},
+        "interval": {"type": "float", "default": 5},
+    }
+
 
 GiB = 1024**3
 
@@ -42,14 +44,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(
-            argument_spec={
-                "jid": {"type": "str", "required": True},
-                "progress_path": {"type": "path", "required": True},
-                "timeout": {"type": "int", "default": 21600},
-                "interval": {"type": "float", "default": 5},
-            }
-        )
+        _, args = self.validate_argument_spec(argument_spec=argument_spec())
         host = task_vars.get("inventory_hostname", "?")
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
         deadline = time.monotonic() + args["timeout"]

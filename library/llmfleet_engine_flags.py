@@ -5,24 +5,26 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: engine_flags
+module: llmfleet_engine_flags
 short_description: Check an engine command line against the engine's own --help
 description:
   - Runs the engine's help once (C(sglang serve --help), C(vllm serve --help=all)) and fails naming every
-    flag of I(argv) the engine would not accept, with why and close matches. Read-only.
+    flag of I(argv) the engine would not accept, with why and close matches.
   - Reads the help as the engine's own parser reads argv (C(llmfleet.helpflags)), per I(profile) - vLLM takes
     C(--max_num_seqs), dotted keys (C(-cc.mode=none)), C(-O3) and unique prefixes; SGLang unique prefixes
     (C(--tp)); an ambiguous prefix (C(--enable-metric) where C(--enable-metrics) and
     C(--enable-metrics-for-all-schedulers) exist) is refused, as the engine refuses it.
+  - Read-only.
 options:
   command:
-    description: The engine command, e.g. C([sglang, serve]).
+    description: The engine command, e.g. C([sglang, serve]); the first I(command) words of I(argv) are not flags.
     type: list
     elements: str
     required: true
   profile:
-    description: C(sglang), C(vllm), C(vllm_pd) or C(custom) - which help flag to pass and how the engine reads argv.
+    description: Which help flag to pass and how the engine reads argv (the engine role's C(engine_profile)).
     type: str
+    choices: [sglang, vllm, vllm_pd, custom]
     required: true
   argv:
     description: The full command line the unit will run.
@@ -33,12 +35,21 @@ options:
     description: Seconds the help may take (real engines import torch first).
     type: float
     default: 300
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Read-only; runs the engine's help in check mode too.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in --diff mode).
+    support: none
+    details: Changes nothing.
 author: llmfleet developers
 """
 
 EXAMPLES = r"""
-- name: Flags
-  engine_flags:
+- name: Check the engine flags against the engine's own --help
+  llmfleet_engine_flags:
     command: [sglang, serve]
     profile: sglang
     argv: [sglang, serve, --model-path, /m, --tp-size, "8"]
@@ -50,7 +61,9 @@ known_flags:
   returned: always
   type: int
 unknown:
-  description: The refused flags, C([{flag, why, did_you_mean}]); I(why) is C(unknown), C(ambiguous), C(abbreviation) or C(malformed).
+  description:
+    - The refused flags, C([{flag, why, did_you_mean}]).
+    - I(why) is C(unknown), C(ambiguous), C(abbreviation) or C(malformed).
   returned: always
   type: list
   elements: dict
@@ -61,16 +74,21 @@ from ansible.module_utils.llmfleet.engine import PlanError, describe_unknown, he
 from ansible.module_utils.llmfleet.helpflags import parse_help_flags, unknown_flags
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "command": {"type": "list", "elements": "str", "required": True},
-            "profile": {"type": "str", "required": True},
-            "argv": {"type": "list", "elements": "str", "required": True},
-            "timeout": {"type": "float", "default": 300},
-        },
-        supports_check_mode=True,
-    )
+def argument_spec() -> dict:
+    """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
+    return {
+        "command": {"type": "list", "elements": "str", "required": True},
+        "profile": {"type": "str", "choices": ["sglang", "vllm", "vllm_pd", "custom"], "required": True},
+        "argv": {"type": "list", "elements": "str", "required": True},
+        "timeout": {"type": "float", "default": 300},
+    }
+
+
+def build_module() -> AnsibleModule:
+    return AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+
+
+def run(module: AnsibleModule) -> None:
     p = module.params
     try:
         text = help_text(p["command"], p["profile"], p["timeout"])
@@ -81,6 +99,10 @@ def main() -> None:
     if problems:
         module.fail_json(msg=describe_unknown(problems, " ".join(p["command"])), unknown=problems, known_flags=known)
     module.exit_json(changed=False, unknown=[], known_flags=known)
+
+
+def main() -> None:
+    run(build_module())
 
 
 if __name__ == "__main__":

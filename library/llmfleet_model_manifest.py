@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: model_manifest
+module: llmfleet_model_manifest
 short_description: Build or reuse the manifest of a pinned model revision on shared storage
 description:
   - Resolves the revision's directory (plain checkpoint dir, hub-cache C(models--org--name) dir, or a
@@ -13,22 +13,53 @@ description:
     or the one shipped with the source (C(.llmfleet-manifest.json)), or builds it by reading every file once
     while holding a fleet-wide shared-storage reader lease, and caches it.
   - Refuses a cached manifest whose sizes no longer match the source (a pinned revision must not change).
-  - Check mode never reads file contents.
 options:
-  source: {description: Model directory on shared storage., type: path, required: true}
-  model: {description: Model name (directory name under the staging root)., type: str, required: true}
-  revision: {description: 40-hex commit of the revision., type: str, required: true}
-  cache_dir: {description: Writable directory on the shared storage for manifests., type: path, required: true}
-  lease_dir: {description: Writable directory on the shared storage for reader leases., type: path, required: true}
-  max_source_readers: {description: Fleet-wide cap of nodes reading shared storage at once., type: int, default: 2}
-  lease_timeout: {description: Seconds to wait for a reader slot., type: float, default: 3600}
-  threads: {description: Files hashed in parallel., type: int, default: 4}
+  source:
+    description: Model directory on shared storage.
+    type: path
+    required: true
+  model:
+    description: Model name (directory name under the staging root).
+    type: str
+    required: true
+  revision:
+    description: 40-hex commit of the revision.
+    type: str
+    required: true
+  cache_dir:
+    description: Writable directory on the shared storage for manifests.
+    type: path
+    required: true
+  lease_dir:
+    description: Writable directory on the shared storage for reader leases.
+    type: path
+    required: true
+  max_source_readers:
+    description: Fleet-wide cap of nodes reading shared storage at once (>= 1).
+    type: int
+    default: 2
+  lease_timeout:
+    description: Seconds to wait for a reader slot (>= 0).
+    type: float
+    default: 3600
+  threads:
+    description: Files hashed in parallel (>= 1).
+    type: int
+    default: 4
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Never reads file contents; reports C(origin='would build') with sizes from C(stat) when no manifest exists yet.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in --diff mode).
+    support: none
 author: llmfleet developers
 """
 
 EXAMPLES = r"""
 - name: Manifest of the revision
-  model_manifest:
+  llmfleet_model_manifest:
     source: /mnt/shared/models--Qwen--Qwen3.8
     model: qwen3.8
     revision: d2dc35658bcf77e66643428cb52e774cc3b5bd29
@@ -38,11 +69,27 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-manifest_path: {description: Cached manifest file., returned: success, type: str}
-source_dir: {description: Resolved directory holding the revision's files., returned: success, type: str}
-origin: {description: "cache, shipped, built, or 'would build' (check mode).", returned: success, type: str}
-files: {description: Number of files in the revision., returned: success, type: int}
-total_bytes: {description: Bytes in the revision., returned: success, type: int}
+manifest_path:
+  description: The cached manifest file (where it will be, in check mode).
+  returned: success
+  type: str
+source_dir:
+  description: Resolved directory holding the revision's files.
+  returned: success
+  type: str
+origin:
+  description: Where the manifest came from.
+  returned: success
+  type: str
+  choices: [cache, shipped, built, would build]
+files:
+  description: Number of files in the revision.
+  returned: success
+  type: int
+total_bytes:
+  description: Bytes in the revision.
+  returned: success
+  type: int
 """
 
 import socket
@@ -72,27 +119,29 @@ def range_problem(params: dict, ranges: dict) -> str | None:
     return None
 
 
+def argument_spec() -> dict:
+    """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
+    return {
+        "source": {"type": "path", "required": True},
+        "model": {"type": "str", "required": True},
+        "revision": {"type": "str", "required": True},
+        "cache_dir": {"type": "path", "required": True},
+        "lease_dir": {"type": "path", "required": True},
+        "max_source_readers": {"type": "int", "default": 2},
+        "lease_timeout": {"type": "float", "default": 3600},
+        "threads": {"type": "int", "default": 4},
+    }
+
+
 def build_module() -> AnsibleModule:
-    return AnsibleModule(
-        argument_spec={
-            "source": {"type": "path", "required": True},
-            "model": {"type": "str", "required": True},
-            "revision": {"type": "str", "required": True},
-            "cache_dir": {"type": "path", "required": True},
-            "lease_dir": {"type": "path", "required": True},
-            "max_source_readers": {"type": "int", "default": 2},
-            "lease_timeout": {"type": "float", "default": 3600},
-            "threads": {"type": "int", "default": 4},
-        },
-        supports_check_mode=True,
-    )
+    return AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
 
 
 def run(module: AnsibleModule) -> None:
     p = module.params
     bad = range_problem(p, RANGES)
     if bad:
-        module.fail_json(msg=f"model_manifest: {bad}")
+        module.fail_json(msg=f"llmfleet_model_manifest: {bad}")
     try:
         src = resolve_source(p["source"], p["revision"])
 

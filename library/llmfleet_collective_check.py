@@ -1,0 +1,220 @@
+#!/usr/bin/python
+"""Ansible module: run this node's ranks of one collective-check world and return their results."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llmfleet_collective_check
+short_description: Run this node's ranks of a collective-check world (NCCL or Gloo)
+description:
+  - Starts one rank per entry of I(ranks) with the engine's Python (I(python)) and the node's fabric
+    environment (I(env_file)), waits with a deadline (ranks that outlive it are killed), and returns each
+    rank's JSON (wrong-element counts, busbw, culprit ranks, phases of stalled ranks).
+  - Fire it async on every node of the world at once, then poll.
+  - Read-only; the logic lives in C(llmfleet.collcheck).
+options:
+  python:
+    description: The engine's Python (torch and the NCCL the engine uses).
+    type: path
+    required: true
+  pythonpath:
+    description: Where the llmfleet package lives for that Python.
+    type: path
+    default: /opt/llmfleet/lib
+  env_file:
+    description: Fabric environment file (NCCL/Gloo interface, HCAs, GID) that the ranks get.
+    type: path
+    default: /etc/llmfleet/fabric.env
+  world:
+    description: World size.
+    type: int
+    required: true
+  master:
+    description: Fabric IP of global rank 0's node.
+    type: str
+    required: true
+  port:
+    description: TCPStore port on the master.
+    type: int
+    required: true
+  ranks:
+    description: This node's C([global_rank, local_rank]) pairs.
+    type: list
+    elements: list
+    required: true
+  backend:
+    description: Collective backend.
+    type: str
+    choices: [nccl, gloo]
+    default: gloo
+  ops:
+    description: Collectives to run.
+    type: list
+    elements: str
+    default: [all_reduce, broadcast, sendrecv, all_gather]
+  sizes:
+    description: Bytes per rank (C(8), C(64K), C(1M), ...).
+    type: list
+    elements: str
+    default: ["8", "64K", "1M"]
+  iters:
+    description: Timed iterations.
+    type: int
+    default: 5
+  timeout:
+    description: Rendezvous timeout in seconds.
+    type: float
+    default: 30
+  op_timeout:
+    description: Per-collective timeout in seconds.
+    type: float
+    default: 30
+  deadline:
+    description: Outer watchdog per rank in seconds.
+    type: float
+    default: 120
+  corrupt_rank:
+    description: Fault injection - this global rank contributes a wrong value (C(-1) = none).
+    type: int
+    default: -1
+  delay_ranks:
+    description: "Fault injection - C({global rank: seconds}) to start late."
+    type: dict
+    default: {}
+  numa_nodes:
+    description:
+      - NUMA node of each local rank's GPU (from the topology facts); ranks are bound with C(numactl) when
+        it is installed. An empty or null entry leaves that rank unbound.
+    type: list
+    elements: raw
+    default: []
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: partial
+    details: In check mode no rank is started; the module returns C(ranks=[]), C(ok=true) and C(skipped_in_check_mode=true).
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in --diff mode).
+    support: none
+    details: Changes nothing.
+author: llmfleet developers
+"""
+
+EXAMPLES = r"""
+- name: Ranks of the full world
+  llmfleet_collective_check:
+    python: /opt/engine/bin/python
+    world: 32
+    master: 10.10.0.11
+    port: 29600
+    ranks: [[0, 0], [1, 1]]
+    backend: nccl
+  async: 600
+  poll: 0
+"""
+
+RETURN = r"""
+ranks:
+  description: One result per local rank (rank, ok, wrong elements, busbw, culprits, phases, node).
+  returned: always
+  type: list
+  elements: dict
+ok:
+  description: Every local rank passed.
+  returned: always
+  type: bool
+skipped_in_check_mode:
+  description: Nothing was run because of check mode.
+  returned: check mode
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet.collcheck import read_env_file, run_node_ranks
+
+
+def argument_spec() -> dict:
+    """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
+    return {
+        "python": {"type": "path", "required": True},
+        "pythonpath": {"type": "path", "default": "/opt/llmfleet/lib"},
+        "env_file": {"type": "path", "default": "/etc/llmfleet/fabric.env"},
+        "world": {"type": "int", "required": True},
+        "master": {"type": "str", "required": True},
+        "port": {"type": "int", "required": True},
+        "ranks": {"type": "list", "elements": "list", "required": True},
+        "backend": {"type": "str", "choices": ["nccl", "gloo"], "default": "gloo"},
+        "ops": {"type": "list", "elements": "str", "default": ["all_reduce", "broadcast", "sendrecv", "all_gather"]},
+        "sizes": {"type": "list", "elements": "str", "default": ["8", "64K", "1M"]},
+        "iters": {"type": "int", "default": 5},
+        "timeout": {"type": "float", "default": 30},
+        "op_timeout": {"type": "float", "default": 30},
+        "deadline": {"type": "float", "default": 120},
+        "corrupt_rank": {"type": "int", "default": -1},
+        "delay_ranks": {"type": "dict", "default": {}},
+        "numa_nodes": {"type": "list", "elements": "raw", "default": []},
+    }
+
+
+def build_module() -> AnsibleModule:
+    return AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+
+
+def pairs_and_numa(ranks: list, numa_nodes: list) -> tuple[list[list[int]], list[int | None]]:
+    """I(ranks) as [global, local] int pairs and I(numa_nodes) as ints or None; ValueError names the bad entry."""
+    pairs = []
+    for entry in ranks:
+        try:
+            r, lr = entry
+            pairs.append([int(r), int(lr)])
+        except (TypeError, ValueError):
+            raise ValueError(f"ranks: {entry!r} is not a [global_rank, local_rank] pair of whole numbers") from None
+    numa = []
+    for n in numa_nodes:
+        try:
+            numa.append(None if n in (None, "") else int(n))
+        except (TypeError, ValueError):
+            raise ValueError(f"numa_nodes: {n!r} is not a NUMA node number (or empty)") from None
+    return pairs, numa
+
+
+def run(module: AnsibleModule) -> None:
+    p = module.params
+    try:
+        pairs, numa = pairs_and_numa(p["ranks"], p["numa_nodes"])
+    except ValueError as e:
+        module.fail_json(msg=f"{e} (fix the nccl_check role's rank layout)")
+    if module.check_mode:
+        module.exit_json(changed=False, ranks=[], ok=True, skipped_in_check_mode=True)
+    args = ["--backend", p["backend"], "--ops", ",".join(p["ops"]), "--sizes", ",".join(p["sizes"]),
+            "--iters", str(p["iters"]), "--warmup", "1", "--timeout", str(p["timeout"]),
+            "--op-timeout", str(p["op_timeout"]), "--corrupt-rank", str(p["corrupt_rank"])]  # fmt: skip
+    spec = {
+        "python": p["python"],
+        "pythonpath": p["pythonpath"],
+        "env": read_env_file(p["env_file"]),
+        "world": p["world"],
+        "master": p["master"],
+        "port": p["port"],
+        "ranks": pairs,
+        "args": args,
+        "deadline": p["deadline"],
+        "delay_ranks": {str(k): v for k, v in p["delay_ranks"].items()},
+        "numa_nodes": numa,
+    }
+    try:
+        ranks = run_node_ranks(spec)
+    except OSError as e:  # the engine's Python (or numactl) cannot be started
+        module.fail_json(
+            msg=f"cannot start the collective-check ranks with {p['python']}: {e}; check nccl_check_python"
+        )
+    module.exit_json(changed=False, ranks=ranks, ok=all(r.get("ok") for r in ranks))
+
+
+def main() -> None:
+    run(build_module())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+#!/usr/bin/python
+"""Ansible module (run on the ops host): readiness gate of a multi-node engine; on failure, ordered
+stop of every node and the first failed node/rank with its termination record and journal tail."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llmfleet_engine_ready
+short_description: Wait until a deployment answers correctly, or stop it in order and say why
+description:
+  - Polls every node's unit over SSH (state, restarts, the wrapper's live status with phases) and, once all
+    are active, the head's port, C(/v1/models) and one deterministic chat completion. Returns a cold-start
+    timeline per node.
+  - If a unit fails or I(deadline) passes, stops the head first and then the workers, and fails naming the
+    first node (and rank) that failed, with its termination record and journal tail.
+  - Never asks SGLang workers' C(/health) (a dummy that always answers 200).
+  - Runs on the ops host (C(delegate_to=localhost), C(become=false)); on the nodes its scripts run as root,
+    directly or through C(sudo -n) when the SSH user is not root (passwordless sudo is required then).
+options:
+  nodes:
+    description: The nodes of one engine instance; node rank 0 (the head) must be among them.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name:
+        description: Inventory name of the node.
+        type: str
+        required: true
+      rank:
+        description: Node rank (0 = the head, which serves the API).
+        type: int
+        required: true
+      ssh:
+        description: The OpenSSH argv prefix that reaches the node (C(ConnectTimeout=) is replaced by I(connect_timeout)).
+        type: list
+        elements: str
+        required: true
+  unit:
+    description: Unit name on every node.
+    type: str
+    required: true
+  status_file:
+    description: The wrapper's live status JSON on the nodes.
+    type: str
+    required: true
+  record_file:
+    description: The wrapper's termination record on the nodes.
+    type: str
+    required: true
+  api_base:
+    description: Head API as the ops host reaches it, e.g. C(http://10.0.0.11:30000).
+    type: str
+    required: true
+  model:
+    description: Served model name.
+    type: str
+    required: true
+  api_key:
+    description: API key sent as a bearer token (no_log - never logged).
+    type: str
+  prompt:
+    description: Deterministic question asked once every unit is active.
+    type: str
+    default: "What is 37\u00d719? Reply with only the number."
+  expect:
+    description: The exact answer.
+    type: str
+    default: "703"
+  deadline:
+    description: Seconds to wait for ready.
+    type: float
+    default: 3600
+  poll:
+    description: Seconds between polls.
+    type: float
+    default: 0.5
+  stop_timeout:
+    description: Bound for each node's stop, in seconds.
+    type: float
+    default: 300
+  journal_lines:
+    description: Journal lines of the first failed node.
+    type: int
+    default: 40
+  unreachable_after:
+    description: Seconds of failing SSH polls after which a node fails the gate (named, with the SSH error).
+    type: float
+    default: 30
+  connect_timeout:
+    description: SSH connect timeout per poll, in seconds.
+    type: float
+    default: 10
+  read_as:
+    description:
+      - The engine's service user. Files in its state directory are read as that user, never by root (a planted
+        symlink gets nothing).
+    type: str
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: partial
+    details: In check mode nothing is polled or stopped; the module returns C(ready=false) and C(skipped_in_check_mode=true).
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in --diff mode).
+    support: none
+author: llmfleet developers
+"""
+
+EXAMPLES = r"""
+- name: Readiness gate from the ops host
+  llmfleet_engine_ready:
+    nodes:
+      - {name: node1, rank: 0, ssh: [ssh, node1]}
+      - {name: node2, rank: 1, ssh: [ssh, node2]}
+    unit: llmfleet-qwen.service
+    status_file: /var/lib/llmfleet/engine/qwen/status.json
+    record_file: /var/lib/llmfleet/engine/qwen/termination.json
+    api_base: http://10.0.0.11:30000
+    model: qwen
+  delegate_to: localhost
+  run_once: true
+"""
+
+RETURN = r"""
+ready:
+  description: The deployment answered correctly.
+  returned: always
+  type: bool
+timeline:
+  description: C({t0, nodes, head}) - per-node phases and head events in seconds from the first unit start.
+  returned: always
+  type: dict
+elapsed_s:
+  description: Seconds the gate waited.
+  returned: when the gate ran
+  type: float
+last_problem:
+  description: The last API problem seen while waiting (empty when none).
+  returned: when the gate ran
+  type: str
+answer:
+  description: The engine's (correct) answer to I(prompt).
+  returned: success
+  type: str
+reported_at:
+  description: Epoch seconds of the verdict.
+  returned: when the gate ran
+  type: float
+kind:
+  description: Why the gate failed - C(a unit failed), C(bad answer) or C(deadline).
+  returned: failure
+  type: str
+first_failed:
+  description: C({node, node_rank, why, rank, record, journal_tail}) of the first node that failed.
+  returned: failure
+  type: dict
+failed_nodes:
+  description: Nodes whose unit failed.
+  returned: failure
+  type: list
+  elements: str
+stop:
+  description: One row per node of the ordered stop.
+  returned: failure
+  type: list
+  elements: dict
+skipped_in_check_mode:
+  description: Nothing was polled because of check mode.
+  returned: check mode
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet.gate import DEFAULT_PROMPT, Gate, PrivilegeError, failure_message
+
+
+def argument_spec() -> dict:
+    """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
+    return {
+        "nodes": {
+            "type": "list",
+            "elements": "dict",
+            "required": True,
+            "options": {
+                "name": {"type": "str", "required": True},
+                "rank": {"type": "int", "required": True},
+                "ssh": {"type": "list", "elements": "str", "required": True},
+            },
+        },
+        "unit": {"type": "str", "required": True},
+        "status_file": {"type": "str", "required": True},
+        "record_file": {"type": "str", "required": True},
+        "api_base": {"type": "str", "required": True},
+        "model": {"type": "str", "required": True},
+        "api_key": {"type": "str", "no_log": True},
+        "prompt": {"type": "str", "default": DEFAULT_PROMPT},
+        "expect": {"type": "str", "default": "703"},
+        "deadline": {"type": "float", "default": 3600},
+        "poll": {"type": "float", "default": 0.5},
+        "stop_timeout": {"type": "float", "default": 300},
+        "journal_lines": {"type": "int", "default": 40},
+        "unreachable_after": {"type": "float", "default": 30},
+        "connect_timeout": {"type": "float", "default": 10},
+        "read_as": {"type": "str"},
+    }
+
+
+def build_module() -> AnsibleModule:
+    return AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+
+
+def run(module: AnsibleModule) -> None:
+    p = module.params
+    if module.check_mode:
+        module.exit_json(changed=False, ready=False, skipped_in_check_mode=True, timeline={})
+    for n in p["nodes"]:
+        # The connect timeout is the module's, whatever the argv prefix was built with.
+        n["ssh"] = [a if not str(a).startswith("ConnectTimeout=") else f"ConnectTimeout={int(p['connect_timeout'])}"
+                    for a in n["ssh"]]  # fmt: skip
+    try:
+        gate = Gate(
+            p["nodes"], p["unit"], status_file=p["status_file"], record_file=p["record_file"],
+            api_base=p["api_base"], model=p["model"],
+            api_key=p["api_key"] or None, prompt=p["prompt"], expect=p["expect"], deadline=p["deadline"],
+            poll=p["poll"], journal_lines=p["journal_lines"], stop_timeout=p["stop_timeout"],
+            unreachable_after=p["unreachable_after"], read_as=p["read_as"],
+        )  # fmt: skip
+    except ValueError as e:  # no head (node rank 0) among the nodes
+        module.fail_json(msg=f"nodes {[n['name'] for n in p['nodes']]}: {e}", ready=False, timeline={})
+    try:
+        res = gate.wait()
+    except PrivilegeError as e:
+        module.fail_json(msg=str(e), ready=False, timeline={})
+    if res["ready"]:
+        module.exit_json(changed=False, **res)
+    module.fail_json(msg=failure_message(res), **res)
+
+
+def main() -> None:
+    run(build_module())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+#!/usr/bin/python
+"""Ansible module: stage a pinned model revision onto this node's NVMe (one node of a fleet)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llmfleet_model_stage
+short_description: Stage a pinned model revision to node-local NVMe, verified and atomic
+description:
+  - Copies the files of one revision into C(<root>/<model>/.partial-<rev>/), hashing each file in the same
+    pass and comparing it with the manifest, fsyncs, checks the checkpoint structure, then publishes
+    C(<root>/<model>/<rev>/) read-only by rename and switches C(<root>/<model>/current) atomically.
+  - Seed nodes read their share of the files from shared storage while holding a fleet-wide reader lease
+    (at most I(max_source_readers) nodes at once, across playbook runs); every node serves its verified
+    files to peers over HTTP on I(serve_bind):I(serve_port) and fetches the rest from peers, verifying each.
+  - A rerun keeps verified files (resume); a published revision is checked by size + mtime (or sha256 with
+    I(deep_verify)) and copies nothing. Old revisions beyond I(keep) are removed (never C(current) or one in
+    use). Writes progress JSON to I(progress_path) while running.
+options:
+  source:
+    description: Directory of the revision on shared storage (resolved like M(llmfleet_model_manifest)).
+    type: path
+    required: true
+  manifest_path:
+    description: Manifest from M(llmfleet_model_manifest) (not needed in check mode).
+    type: path
+  root:
+    description: Staging root on the node-local NVMe.
+    type: path
+    default: /mnt/nvme/models
+  model:
+    description: Model name (directory under I(root)).
+    type: str
+    required: true
+  revision:
+    description: 40-hex commit of the revision.
+    type: str
+    required: true
+  threads:
+    description: Concurrent file copies (and source reads) on this node (>= 1).
+    type: int
+    default: 4
+  keep:
+    description: Published revisions to keep (>= 1; GC never removes C(current) or one in use).
+    type: int
+    default: 2
+  free_space_margin_bytes:
+    description: Free space to leave on the NVMe beyond the revision.
+    type: int
+    default: 0
+  deep_verify:
+    description: Re-hash a published revision instead of trusting size + mtime.
+    type: bool
+    default: false
+  activate:
+    description: Point C(current) at this revision.
+    type: bool
+    default: true
+  lease_dir:
+    description: Writable shared directory for reader leases.
+    type: path
+    required: true
+  max_source_readers:
+    description: Fleet-wide cap of nodes reading shared storage at once (>= 1).
+    type: int
+    default: 2
+  lease_ttl:
+    description: Seconds a lease lives without renewal (>= 1).
+    type: float
+    default: 120
+  lease_timeout:
+    description: Seconds to wait for a reader slot.
+    type: float
+    default: 3600
+  me:
+    description: This node's inventory name.
+    type: str
+    required: true
+  peers:
+    description: Inventory name -> C(http://fabric-ip:port) of every node staging in this run.
+    type: dict
+    default: {}
+  seeds:
+    description: Nodes that read from shared storage in this run (the files are split among them).
+    type: list
+    elements: str
+    default: []
+  serve_bind:
+    description: Address the peer server binds (the role passes the fabric IP).
+    type: str
+    default: 0.0.0.0
+  serve_port:
+    description: Peer server port (0 = do not serve).
+    type: int
+    default: 0
+  peer_wait:
+    description: Seconds to wait for a peer to have a file before reading the source.
+    type: float
+    default: 3600
+  peer_dead_after:
+    description: Seconds without an answer after which a peer is considered gone.
+    type: float
+    default: 60
+  finish_wait:
+    description: Seconds to keep serving peers after this node is done.
+    type: float
+    default: 600
+  progress_path:
+    description: JSON progress file written while copying (read by M(llmfleet_model_stage_wait)).
+    type: path
+  rate_limit_bytes_per_s:
+    description: Cap on this node's copy rate (0 = unlimited).
+    type: int
+    default: 0
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Reports the state and the files and bytes that would be copied; touches nothing.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in --diff mode).
+    support: none
+author: llmfleet developers
+"""
+
+EXAMPLES = r"""
+- name: Stage the revision
+  llmfleet_model_stage:
+    source: /mnt/shared/models--Qwen--Qwen3.8
+    manifest_path: /mnt/shared/.llmfleet/manifests/qwen3.8/d2dc35658bcf77e66643428cb52e774cc3b5bd29.json
+    model: qwen3.8
+    revision: d2dc35658bcf77e66643428cb52e774cc3b5bd29
+    lease_dir: /mnt/shared/.llmfleet/leases
+    me: "{{ inventory_hostname }}"
+    progress_path: /var/lib/llmfleet/stage-progress.json
+  async: 21600
+  poll: 0
+  register: _stage_job
+"""
+
+RETURN = r"""
+state:
+  description: What the node has of the revision - C(absent), C(partial), C(published) or C(damaged).
+  returned: check mode
+  type: str
+state_before:
+  description: The same, before this run copied anything.
+  returned: success
+  type: str
+revision:
+  description: The staged revision.
+  returned: success
+  type: str
+path:
+  description: Published revision directory.
+  returned: success
+  type: str
+total_bytes:
+  description: Bytes in the revision.
+  returned: always
+  type: int
+bytes_to_copy:
+  description: Bytes that had to be copied at start (in check mode, that would be copied).
+  returned: always
+  type: int
+files_to_copy:
+  description: Files that had to be copied at start (in check mode, that would be copied).
+  returned: always
+  type: int
+bytes_copied:
+  description: Bytes written on this node.
+  returned: success
+  type: int
+source_bytes_read:
+  description: Bytes this node read from shared storage.
+  returned: success
+  type: int
+peer_bytes_read:
+  description: Bytes this node fetched from peers.
+  returned: success
+  type: int
+served_bytes:
+  description: Bytes this node served to peers.
+  returned: success
+  type: int
+reader_intervals:
+  description: C([start, end]) epoch seconds of this node's shared-storage reading.
+  returned: success
+  type: list
+  elements: list
+source_fallback_files:
+  description: Files read from shared storage because no peer had them in time.
+  returned: success
+  type: list
+  elements: str
+seed:
+  description: This node was a seed (read part of the files from shared storage).
+  returned: success
+  type: bool
+assigned_files:
+  description: Files assigned to this node to read from shared storage.
+  returned: success
+  type: int
+gc:
+  description: Old revisions garbage-collected after publishing.
+  returned: when the revision is published
+  type: dict
+  contains:
+    removed:
+      description: Revisions deleted.
+      type: list
+      elements: str
+      returned: always
+    kept_in_use:
+      description: Revisions beyond I(keep) kept because a running process has them open.
+      type: list
+      elements: str
+      returned: always
+"""
+
+import os
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet.checkpoint import load_manifest
+from ansible.module_utils.llmfleet.lease import LeaseTimeout
+from ansible.module_utils.llmfleet.stage import StageError, StageRequest, plan, resolve_source, stat_manifest
+from ansible.module_utils.llmfleet.swarm import SwarmConfig, run_node
+
+# Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).
+RANGES = {
+    "threads": (1, None, "model_stage_threads"),
+    "keep": (1, None, "model_stage_keep"),
+    "free_space_margin_bytes": (0, None, "model_stage_free_space_margin_gb"),
+    "max_source_readers": (1, None, "model_stage_max_source_readers"),
+    "lease_ttl": (1, None, None),
+    "lease_timeout": (0, None, None),
+    "serve_port": (0, 65535, "model_stage_peer_port"),
+    "peer_wait": (0, None, None),
+    "peer_dead_after": (0.1, None, None),
+    "finish_wait": (0, None, "model_stage_timeout"),
+    "rate_limit_bytes_per_s": (0, None, "model_stage_rate_limit_mib_s"),
+}
+
+
+def range_problem(params: dict, ranges: dict) -> str | None:
+    """The first numeric option outside its range, as a message naming it and the fix."""
+    for name, (low, high, var) in ranges.items():
+        v = params.get(name)
+        if v is None or (v >= low and (high is None or v <= high)):
+            continue
+        want = f">= {low}" if high is None else f"between {low} and {high}"
+        where = f" (set by the role variable {var})" if var else ""
+        return f"{name}={v} is out of range{where}: it must be {want}"
+    return None
+
+
+def argument_spec() -> dict:
+    """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
+    return {
+        "source": {"type": "path", "required": True},
+        "manifest_path": {"type": "path"},
+        "root": {"type": "path", "default": "/mnt/nvme/models"},
+        "model": {"type": "str", "required": True},
+        "revision": {"type": "str", "required": True},
+        "threads": {"type": "int", "default": 4},
+        "keep": {"type": "int", "default": 2},
+        "free_space_margin_bytes": {"type": "int", "default": 0},
+        "deep_verify": {"type": "bool", "default": False},
+        "activate": {"type": "bool", "default": True},
+        "lease_dir": {"type": "path", "required": True},
+        "max_source_readers": {"type": "int", "default": 2},
+        "lease_ttl": {"type": "float", "default": 120},
+        "lease_timeout": {"type": "float", "default": 3600},
+        "me": {"type": "str", "required": True},
+        "peers": {"type": "dict", "default": {}},
+        "seeds": {"type": "list", "elements": "str", "default": []},
+        "serve_bind": {"type": "str", "default": "0.0.0.0"},  # noqa: S104 (documented; the role passes the fabric IP)
+        "serve_port": {"type": "int", "default": 0},
+        "peer_wait": {"type": "float", "default": 3600},
+        "peer_dead_after": {"type": "float", "default": 60},
+        "finish_wait": {"type": "float", "default": 600},
+        "progress_path": {"type": "path"},
+        "rate_limit_bytes_per_s": {"type": "int", "default": 0},
+    }
+
+
+def build_module() -> AnsibleModule:
+    return AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+
+
+def run(module: AnsibleModule) -> None:
+    p = module.params
+    host = socket.gethostname()
+    bad = range_problem(p, RANGES)
+    if bad:
+        module.fail_json(msg=f"llmfleet_model_stage: {bad}")
+    try:
+        src = resolve_source(p["source"], p["revision"])
+        if p["manifest_path"] and os.path.isfile(p["manifest_path"]):
+            manifest = load_manifest(p["manifest_path"])
+        elif module.check_mode:
+            manifest = stat_manifest(src)
+        else:
+            module.fail_json(
+                msg=f"{host}: manifest_path {p['manifest_path']!r} missing: run llmfleet_model_manifest first"
+            )
+        req = StageRequest(
+            root=p["root"],
+            model=p["model"],
+            revision=p["revision"],
+            manifest=manifest,
+            threads=p["threads"],
+            margin_bytes=p["free_space_margin_bytes"],
+            keep=p["keep"],
+            deep_verify=p["deep_verify"],
+            activate=p["activate"],
+            check_mode=module.check_mode,
+            progress_path=p["progress_path"],
+            rate_limit_bytes_per_s=p["rate_limit_bytes_per_s"],
+        )
+        if module.check_mode:
+            pl = plan(req)
+            module.exit_json(
+                changed=bool(pl["todo"]),
+                state=pl["state"],
+                bytes_to_copy=sum(e["size"] for e in pl["todo"]),
+                files_to_copy=len(pl["todo"]),
+                total_bytes=pl["total_bytes"],
+            )
+        if p["progress_path"]:
+            os.makedirs(os.path.dirname(p["progress_path"]), exist_ok=True)
+        cfg = SwarmConfig(
+            me=p["me"],
+            source_dir=src,
+            lease_dir=p["lease_dir"],
+            max_source_readers=p["max_source_readers"],
+            peers=p["peers"],
+            seeds=p["seeds"],
+            serve_bind=p["serve_bind"],
+            serve_port=p["serve_port"],
+            lease_ttl=p["lease_ttl"],
+            lease_timeout=p["lease_timeout"],
+            peer_wait=p["peer_wait"],
+            peer_dead_after=p["peer_dead_after"],
+            finish_wait=p["finish_wait"],
+        )
+        result = run_node(req, cfg)
+    except (StageError, LeaseTimeout, OSError, ValueError) as e:  # ValueError: a malformed manifest file
+        module.fail_json(msg=f"{host} ({p['me']}): staging {p['model']}@{p['revision']} failed: {e}")
+    module.exit_json(**result)
+
+
+def main() -> None:
+    run(build_module())
+
+
+if __name__ == "__main__":
+    main()

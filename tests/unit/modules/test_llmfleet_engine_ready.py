@@ -1,0 +1,129 @@
+"""llmfleet_engine_ready: options -> the gate.Gate it builds, its verdict -> exit or fail."""
+
+from typing import ClassVar
+
+import pytest
+from ansible.module_utils.llmfleet.gate import DEFAULT_PROMPT, PrivilegeError
+
+import llmfleet_engine_ready as mod
+from tests.unit.modules.util import fail, run, undocumented
+
+pytestmark = pytest.mark.usefixtures("module_exits")
+
+SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "ops@10.0.0.11"]
+READY = {"ready": True, "failed": False, "timeline": {"t0": 1.0, "nodes": {}, "head": {}}, "elapsed_s": 12.5,
+         "last_problem": "", "answer": "703", "reported_at": 2.0}  # fmt: skip
+NOT_READY = {
+    "ready": False, "failed": True, "kind": "a unit failed", "timeline": {"t0": 1.0, "nodes": {}, "head": {}},
+    "elapsed_s": 40.0, "last_problem": "", "reported_at": 3.0, "failed_nodes": ["node2"],
+    "first_failed": {"node": "node2", "node_rank": 1, "why": "unit failed (exit 70)", "rank": None, "record": None,
+                     "journal_tail": ["worker died"]},
+    "stop": [{"node": "node1", "state": "inactive", "stopped": True}, {"node": "node2", "state": "failed", "stopped": True}],
+}  # fmt: skip
+
+
+class FakeGate:
+    made: ClassVar[list] = []
+    verdict: ClassVar[dict] = READY
+    raises: ClassVar[BaseException | None] = None
+
+    def __init__(self, nodes, unit, **kwargs):
+        FakeGate.made.append((nodes, unit, kwargs))
+
+    def wait(self):
+        if FakeGate.raises:
+            raise FakeGate.raises
+        return dict(FakeGate.verdict)
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    FakeGate.made, FakeGate.verdict, FakeGate.raises = [], READY, None
+    monkeypatch.setattr(mod, "Gate", FakeGate)
+    return FakeGate
+
+
+def base(**over):
+    return {"nodes": [{"name": "node1", "rank": 0, "ssh": SSH}, {"name": "node2", "rank": "1", "ssh": ["ssh", "node2"]}],
+            "unit": "llmfleet-qwen.service", "status_file": "/var/lib/llmfleet/engine/qwen/status.json",
+            "record_file": "/var/lib/llmfleet/engine/qwen/termination.json", "api_base": "http://10.0.0.11:30000",
+            "model": "qwen", **over}  # fmt: skip
+
+
+def test_options_become_the_gate(gate):
+    res = run(mod, base(api_key="sk-secret", deadline="120", poll=1, stop_timeout=60, journal_lines=10,
+                        unreachable_after=6, connect_timeout=2.9, read_as="llmfleet", expect="42", prompt="6*7?"))  # fmt: skip
+    ((nodes, unit, kw),) = gate.made
+    assert unit == "llmfleet-qwen.service"
+    assert nodes == [
+        {"name": "node1", "rank": 0, "ssh": [*SSH[:4], "ConnectTimeout=2", SSH[5]]},  # the module's connect timeout
+        {"name": "node2", "rank": 1, "ssh": ["ssh", "node2"]},
+    ]
+    assert kw == {"status_file": "/var/lib/llmfleet/engine/qwen/status.json",
+                  "record_file": "/var/lib/llmfleet/engine/qwen/termination.json",
+                  "api_base": "http://10.0.0.11:30000", "model": "qwen", "api_key": "sk-secret", "prompt": "6*7?",
+                  "expect": "42", "deadline": 120.0, "poll": 1.0, "journal_lines": 10, "stop_timeout": 60.0,
+                  "unreachable_after": 6.0, "read_as": "llmfleet"}  # fmt: skip
+    assert res["ready"] is True and res["changed"] is False and res["answer"] == "703"
+    assert not undocumented(mod, res)
+
+
+def test_defaults(gate):
+    run(mod, base(api_key=""))
+    ((_nodes, _unit, kw),) = gate.made
+    assert kw["api_key"] is None and kw["prompt"] == DEFAULT_PROMPT and kw["expect"] == "703"
+    assert (kw["deadline"], kw["poll"], kw["stop_timeout"], kw["journal_lines"], kw["unreachable_after"]) == (
+        3600,
+        0.5,
+        300,
+        40,
+        30,
+    )
+    assert kw["read_as"] is None
+
+
+def test_check_mode_builds_no_gate(gate):
+    res = run(mod, base(), check=True)
+    assert gate.made == [] and res == {"changed": False, "ready": False, "skipped_in_check_mode": True, "timeline": {}}
+
+
+def test_not_ready_fails_naming_the_first_failed_node(gate):
+    gate.verdict = NOT_READY
+    res = fail(mod, base())
+    assert res["msg"].startswith("engine not ready: first failed node node2 (node rank 1): unit failed (exit 70)")
+    assert "stopped in order (head first): node1 inactive, node2 failed" in res["msg"]
+    assert res["ready"] is False and res["first_failed"]["node"] == "node2"
+    assert not undocumented(mod, res)
+
+
+def test_sudo_refusal_is_a_failure(gate):
+    gate.raises = PrivilegeError("node1: sudo -n refused: a password is required")
+    res = fail(mod, base())
+    assert res["msg"] == "node1: sudo -n refused: a password is required" and res["ready"] is False
+
+
+def test_no_head_among_the_nodes_is_a_failure_naming_them():
+    # The real Gate: it refuses before it opens anything.
+    nodes = [
+        {"name": "node2", "rank": 1, "ssh": ["ssh", "node2"]},
+        {"name": "node3", "rank": 2, "ssh": ["ssh", "node3"]},
+    ]
+    msg = fail(mod, base(nodes=nodes))["msg"]
+    assert msg == "nodes ['node2', 'node3']: the gate needs the head (node rank 0) among its nodes"
+
+
+BAD = [
+    ({"nodes": [{"name": "node1", "rank": 0}]}, "missing required arguments: ssh found in nodes"),
+    ({"nodes": [{"name": "node1", "rank": "head", "ssh": ["ssh"]}]}, "argument 'rank' is of type str found in 'nodes'. and we were unable to convert to int"),
+    ({"nodes": [{"name": "node1", "rank": 0, "ssh": ["ssh"], "port": 22}]}, "Unsupported parameters for (basic.py) module: nodes.port"),
+    ({"api_base": None}, "missing required arguments: api_base"),
+    ({"deadline": "an hour"}, "argument 'deadline' is of type str and we were unable to convert to float"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("over", "text"), BAD)
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+def test_bad_options_fail_naming_them(gate, over, text, check):
+    args = {k: v for k, v in base(**over).items() if v is not None}
+    assert text in fail(mod, args, check=check)["msg"]
+    assert gate.made == []

@@ -1,0 +1,72 @@
+"""llmfleet_fabric_facts: options -> topology.report; its result -> ansible_facts.llmfleet_topology."""
+
+import pytest
+from ansible.module_utils.llmfleet.topology import OverrideError, TopologyError
+
+import llmfleet_fabric_facts as mod
+from tests.unit.modules.util import Recorder, fail, run, undocumented
+
+pytestmark = pytest.mark.usefixtures("module_exits")
+
+REPORT = {
+    "topology": {"gpus": [{"bdf": "0000:18:00.0", "numa": 0}], "hcas": [{"name": "mlx5_0"}], "netdevs": {"eth1": {}},
+                 "numa": {0: {"cpus": "0-31"}}},
+    "env": {"NCCL_SOCKET_IFNAME": "=eth1", "NCCL_IB_HCA": "=mlx5_0:1"},
+    "socket_ifname": "eth1",
+    "ib_ports": ["mlx5_0:1"],
+    "warnings": [],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+def test_options_become_the_report_call_and_the_facts(monkeypatch, tmp_path, check):
+    report = Recorder(REPORT)
+    monkeypatch.setattr(mod, "report", report)
+    res = run(mod, {"node_ip": "10.0.0.11", "sysfs_root": str(tmp_path), "use_nvml": "no",
+                    "overrides": {"NCCL_IB_GID_INDEX": 3}, "extra_env": {"NCCL_NVLS_ENABLE": 0}}, check=check)  # fmt: skip
+    assert report.args == (str(tmp_path),)
+    assert report.kwargs == {"node_ip": "10.0.0.11", "overrides": {"NCCL_IB_GID_INDEX": "3"}, "use_nvml": False,
+                             "extra_env": {"NCCL_NVLS_ENABLE": 0}}  # fmt: skip
+    assert res["changed"] is False and res["env"] == REPORT["env"] and res["warnings_list"] == []
+    assert res["ansible_facts"] == {"llmfleet_topology": {
+        "gpus": REPORT["topology"]["gpus"], "hcas": REPORT["topology"]["hcas"], "netdevs": {"eth1": {}},
+        "numa": {"0": {"cpus": "0-31"}},  # string keys, as facts come back from JSON
+        "env": REPORT["env"], "socket_ifname": "eth1", "ib_ports": ["mlx5_0:1"], "warnings": []}}  # fmt: skip
+    assert not undocumented(mod, res)
+
+
+def test_defaults(monkeypatch):
+    report = Recorder({**REPORT, "warnings": ["no usable HCA: NCCL_IB_DISABLE=1"]})
+    monkeypatch.setattr(mod, "report", report)
+    res = run(mod, {})
+    assert report.args == ("/sys",)
+    assert report.kwargs == {"node_ip": None, "overrides": {}, "use_nvml": True, "extra_env": {}}
+    assert res["warnings_list"] == ["no usable HCA: NCCL_IB_DISABLE=1"]
+
+
+@pytest.mark.parametrize(
+    ("error", "text"),
+    [
+        (OverrideError("override NCCL_IB_HCA=mlx5_9: does not exist here"), ": override NCCL_IB_HCA=mlx5_9: does not exist here (fix topology_overrides)"),
+        (OverrideError("extra variable X: not a name", source="extra_env"), "(fix topology_extra_env)"),
+        (TopologyError("/sys/bus/pci/devices is not readable"), ": /sys/bus/pci/devices is not readable"),
+    ],
+)  # fmt: skip
+def test_report_errors_are_failures_naming_the_variable(monkeypatch, error, text):
+    monkeypatch.setattr(mod, "report", Recorder(raises=error))
+    assert text in fail(mod, {"sysfs_root": "/sys"})["msg"]
+
+
+BAD = [
+    ({"overrides": ["NCCL_IB_HCA=mlx5_0"]}, "argument 'overrides' is of type list and we were unable to convert to dict"),
+    ({"use_nvml": "perhaps"}, "argument 'use_nvml' is of type str and we were unable to convert to bool"),
+    ({"node_ips": "10.0.0.11"}, "Unsupported parameters for (basic.py) module: node_ips"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "text"), BAD)
+def test_bad_options_fail_naming_them(monkeypatch, args, text):
+    report = Recorder(REPORT)
+    monkeypatch.setattr(mod, "report", report)
+    assert text in fail(mod, args)["msg"]
+    assert report.calls == []

@@ -1,0 +1,116 @@
+"""llmfleet_model_manifest: options -> stage.obtain_manifest, and the build it may run -> a reader lease
+and checkpoint.build_manifest."""
+
+from typing import ClassVar
+
+import pytest
+from ansible.module_utils.llmfleet.lease import LeaseTimeout
+from ansible.module_utils.llmfleet.stage import StageError
+
+import llmfleet_model_manifest as mod
+from tests.unit.modules.util import Recorder, fail, run, undocumented
+
+pytestmark = pytest.mark.usefixtures("module_exits")
+
+REV = "d2dc35658bcf77e66643428cb52e774cc3b5bd29"
+MANIFEST = {"files": [{"path": "a", "size": 3}, {"path": "b", "size": 4}], "total_bytes": 7}
+
+
+class FakeLease:
+    log: ClassVar[list] = []
+
+    def __init__(self, *args, **kwargs):
+        FakeLease.log.append(("init", args, kwargs))
+
+    def acquire(self, timeout):
+        FakeLease.log.append(("acquire", timeout))
+
+    def release(self):
+        FakeLease.log.append(("release",))
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    FakeLease.log = []
+    got = {
+        "resolve_source": Recorder("/mnt/shared/models--Qwen--Qwen3.8/snapshots/" + REV),
+        "build_manifest": Recorder(MANIFEST),
+        # The real obtain_manifest calls build() when nothing is cached: do that.
+        "obtain_manifest": Recorder(
+            lambda src, model, rev, cache, *, build, check_mode: {
+                "origin": "built",
+                "path": f"{cache}/manifests/{model}/{rev}.json",
+                "manifest": build(),
+            }
+        ),
+        "stat_manifest": Recorder(MANIFEST),
+    }
+    for name, rec in got.items():
+        monkeypatch.setattr(mod, name, rec)
+    monkeypatch.setattr(mod, "Lease", FakeLease)
+    monkeypatch.setattr(mod.socket, "gethostname", lambda: "node1")
+    return got
+
+
+def base(**over):
+    return {"source": "/mnt/shared/models--Qwen--Qwen3.8", "model": "qwen3.8", "revision": REV,
+            "cache_dir": "/mnt/shared/.llmfleet", "lease_dir": "/mnt/shared/.llmfleet/leases", **over}  # fmt: skip
+
+
+def test_options_become_the_manifest_calls(fakes):
+    res = run(mod, base(max_source_readers="3", lease_timeout=60, threads=8))
+    src = fakes["resolve_source"].result
+    assert fakes["resolve_source"].args == ("/mnt/shared/models--Qwen--Qwen3.8", REV)
+    assert fakes["obtain_manifest"].args == (src, "qwen3.8", REV, "/mnt/shared/.llmfleet")
+    assert fakes["obtain_manifest"].kwargs["check_mode"] is False
+    assert FakeLease.log == [("init", ("/mnt/shared/.llmfleet/leases", 3), {"host": "node1", "label": "manifest"}),
+                             ("acquire", 60.0), ("release",)]  # fmt: skip
+    assert fakes["build_manifest"].args == (src,) and fakes["build_manifest"].kwargs == {"threads": 8, "revision": REV}
+    assert res == {"changed": True, "manifest_path": f"/mnt/shared/.llmfleet/manifests/qwen3.8/{REV}.json",
+                   "source_dir": src, "origin": "built", "files": 2, "total_bytes": 7}  # fmt: skip
+    assert not undocumented(mod, res)
+
+
+@pytest.mark.parametrize(("origin", "changed"), [("cache", False), ("shipped", True)])
+def test_a_found_manifest_builds_nothing(fakes, monkeypatch, origin, changed):
+    monkeypatch.setattr(mod, "obtain_manifest", Recorder({"origin": origin, "path": "/c/m.json", "manifest": MANIFEST}))
+    res = run(mod, base())
+    assert res["changed"] is changed and res["origin"] == origin and FakeLease.log == []
+
+
+def test_check_mode_reads_no_file_contents(fakes, monkeypatch):
+    obtain = Recorder({"origin": "would build", "path": "/c/m.json", "manifest": None})
+    monkeypatch.setattr(mod, "obtain_manifest", obtain)
+    res = run(mod, base(), check=True)
+    assert obtain.kwargs["check_mode"] is True
+    assert fakes["stat_manifest"].args == (fakes["resolve_source"].result,)  # sizes from stat
+    assert fakes["build_manifest"].calls == [] and FakeLease.log == []
+    assert res["changed"] is True and res["origin"] == "would build" and res["total_bytes"] == 7
+
+
+@pytest.mark.parametrize(
+    ("error", "text"),
+    [
+        (StageError(f"revision {REV} not in snapshots"), f"node1: manifest of qwen3.8@{REV}: revision {REV} not in snapshots"),
+        (LeaseTimeout("no reader slot in 3600 s"), "no reader slot in 3600 s"),
+        (ValueError("malformed manifest"), "malformed manifest"),
+    ],
+)  # fmt: skip
+def test_package_errors_are_failures(fakes, monkeypatch, error, text):
+    monkeypatch.setattr(mod, "obtain_manifest", Recorder(raises=error))
+    assert text in fail(mod, base())["msg"]
+
+
+BAD = [
+    ({"threads": 0}, "llmfleet_model_manifest: threads=0 is out of range (set by the role variable model_stage_threads): it must be >= 1"),
+    ({"lease_timeout": -1}, "lease_timeout=-1.0 is out of range: it must be >= 0"),
+    ({"revision": None}, "missing required arguments: revision"),
+    ({"max_source_readers": "two"}, "argument 'max_source_readers' is of type str and we were unable to convert to int"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("over", "text"), BAD)
+def test_bad_options_fail_naming_them(fakes, over, text):
+    args = {k: v for k, v in base(**over).items() if v is not None}
+    assert text in fail(mod, args)["msg"]
+    assert fakes["resolve_source"].calls == []

@@ -1,0 +1,91 @@
+"""llmfleet_model_stage_wait (an action plugin; library/ holds its doc stub): options -> the async_status
+and slurp calls it makes on the node, progress lines while the job runs, the job's result at the end."""
+
+import base64
+import importlib.util
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from ansible.errors import AnsibleActionFail
+
+PATH = Path(__file__).parents[3] / "action_plugins" / "llmfleet_model_stage_wait.py"
+_spec = importlib.util.spec_from_file_location("llmfleet_model_stage_wait_action", PATH)
+action = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(action)
+
+GiB = 1024**3
+DONE = {"finished": 1, "ansible_job_id": "j1", "results_file": "/r", "started": 1, "erased": "/r",
+        "changed": True, "path": "/nvme/models/qwen/rev", "bytes_copied": GiB}  # fmt: skip
+
+
+def plugin(monkeypatch, args, statuses, progress=None, clock=time.monotonic):
+    """The action with a fake node: async_status answers `statuses` in turn; slurp reads `progress`."""
+    task = SimpleNamespace(args=args, async_val=0, check_mode=False, action="llmfleet_model_stage_wait")
+    conn = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/tmp/x"))
+    am = action.ActionModule(task, conn, play_context=None, loader=None, templar=None)
+    am._load_name = "llmfleet_model_stage_wait"
+    calls, lines = [], []
+    answers = iter(statuses)
+
+    def execute(module_name, module_args, task_vars):
+        calls.append((module_name, module_args))
+        if module_name == "ansible.legacy.async_status":
+            return dict(next(answers)) if module_args["mode"] == "status" else {"erased": "/r"}
+        if progress is None:
+            return {"failed": True, "msg": "file not found"}
+        return {"content": base64.b64encode(json.dumps(progress).encode()).decode()}
+
+    monkeypatch.setattr(am, "_execute_module", execute)
+    monkeypatch.setattr(am, "_remote_expand_user", lambda p: p.replace("~", "/home/ops"))
+    monkeypatch.setattr(am, "get_shell_option", lambda name, default=None: default)
+    # The plugin's own clock (not the time module everyone shares): sleeping is recorded, not done.
+    monkeypatch.setattr(action, "time", SimpleNamespace(monotonic=clock, sleep=lambda s: calls.append(("sleep", s))))
+    monkeypatch.setattr(action.display, "display", lines.append)
+    return am, calls, lines
+
+
+def test_options_become_the_node_calls_and_the_result_is_the_jobs(monkeypatch):
+    progress = {"phase": "copying", "total_bytes": 4 * GiB, "done_bytes": GiB, "rate_bytes_per_s": 2**29,
+                "source_bytes_read": GiB, "peer_bytes_read": 0}  # fmt: skip
+    am, calls, lines = plugin(monkeypatch, {"jid": "j1", "progress_path": "/var/lib/llmfleet/p.json", "interval": "2"},
+                              [{"finished": 0}, DONE], progress)  # fmt: skip
+    res = am.run(task_vars={"inventory_hostname": "node1"})
+    status = {"jid": "j1", "mode": "status", "_async_dir": "/home/ops/.ansible_async"}
+    assert calls == [
+        ("ansible.legacy.async_status", status),
+        ("ansible.legacy.slurp", {"src": "/var/lib/llmfleet/p.json"}),
+        ("sleep", 2.0),
+        ("ansible.legacy.async_status", status),
+        ("ansible.legacy.async_status", {**status, "mode": "cleanup"}),
+    ]
+    assert lines == [
+        "node1: copying 1.00/4.00 GiB (25%) at 512 MiB/s; from shared storage 1.00 GiB, from peers 0.00 GiB"
+    ]
+    assert res == {"changed": True, "path": "/nvme/models/qwen/rev", "bytes_copied": GiB}  # async bookkeeping dropped
+
+
+def test_timeout_fails_naming_the_last_progress(monkeypatch):
+    ticks = iter([0.0, 0.0, 11.0])
+    am, _calls, _lines = plugin(monkeypatch, {"jid": "j1", "progress_path": "/p.json", "timeout": 10},
+                                [{"finished": 0}, {"finished": 0}], clock=lambda: next(ticks))  # fmt: skip
+    with pytest.raises(AnsibleActionFail, match=r"node1: staging still running after 10 s \(last progress: none\); "
+                                                r"verified files are kept, rerun to resume"):  # fmt: skip
+        am.run(task_vars={"inventory_hostname": "node1"})
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        ({"progress_path": "/p.json"}, "missing required arguments: jid"),
+        ({"jid": "j1", "progress_path": "/p.json", "timeout": "a day"}, "argument 'timeout' is of type str and we were unable to convert to int"),
+        ({"jid": "j1", "progress_path": "/p.json", "poll": 5}, "Unsupported parameters for (llmfleet_model_stage_wait) module: poll"),
+    ],
+)  # fmt: skip
+def test_bad_options_fail_before_any_node_call(monkeypatch, args, text):
+    am, calls, _lines = plugin(monkeypatch, args, [])
+    with pytest.raises(AnsibleActionFail) as e:
+        am.run(task_vars={"inventory_hostname": "node1"})
+    assert text in str(e.value) and calls == []
