@@ -250,7 +250,7 @@ def _gpu_count_rows(measurements: dict[str, dict[str, Any]], cfg: dict[str, Any]
         if c == 0:
             rows.append(_row("gpu_count", n, c, missing, f"no NVIDIA GPU{why}"))
         elif want and c != want:
-            rows.append(_row("gpu_count", n, c, FAIL, f"expected {want} GPUs (llmfleet_gpus_per_node)"))
+            rows.append(_row("gpu_count", n, c, FAIL, f"expected {want} GPUs (preflight_gpus_per_node)"))
         else:
             rows.append(_row("gpu_count", n, c, PASS))
     if not want:

@@ -131,3 +131,10 @@ def test_table_lists_problems_first():
     rows, _ = judge(n4={"driver_version": "570.86.10"})
     lines = preflight.table(rows).splitlines()
     assert lines[0].startswith("check") and "FAIL" in lines[1] and "n4" in lines[1]
+
+
+def test_a_wrong_gpu_count_names_the_variable_the_role_reads():
+    fleet = {n: node(gpu_count=c) for n, c in (("a", 8), ("b", 4))}
+    rows = preflight.evaluate(fleet, {**CFG, "gpus_per_node": 8})
+    (bad,) = [r for r in rows if r["check"] == "gpu_count" and r["status"] == "fail"]
+    assert bad["node"] == "b" and "preflight_gpus_per_node" in bad["message"]
