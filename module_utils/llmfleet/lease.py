@@ -130,8 +130,18 @@ class Lease:
             if not info or info.get("token") != self.token:
                 return  # stolen (we were presumed dead): nothing to renew
             tmp = f"{self.slot}.renew-{self.token}"
-            with open(tmp, "wb") as f:
-                f.write(self._content())
+            # Root writes here and other users of the shared storage may too: never through a link
+            # planted at the (readable) token's name. A leftover entry is removed, not followed.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            except OSError:
+                continue  # someone raced us to the name: skip this beat, the next one retries
+            try:
+                os.write(fd, self._content())
+            finally:
+                os.close(fd)
             os.replace(tmp, self.slot)
 
     def release(self) -> None:
@@ -154,7 +164,9 @@ class Lease:
         rec = {"t": time.time(), "event": event, "host": self.host, "pid": os.getpid(), "label": self.label,
                "token": self.token, **kw}  # fmt: skip
         with contextlib.suppress(OSError):
-            fd = os.open(os.path.join(self.dir, "readers.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            # O_NOFOLLOW: a readers.log planted as a link to a system file must not get root's lines.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+            fd = os.open(os.path.join(self.dir, "readers.log"), flags, 0o644)
             try:
                 os.write(fd, (json.dumps(rec) + "\n").encode())
             finally:

@@ -96,3 +96,23 @@ def test_shared_lease_counts_a_node_once(tmp_path):
 )
 def test_max_overlap(intervals, expected):
     assert lease.max_overlap(intervals) == expected
+
+
+def test_planted_links_in_the_shared_lease_dir_are_never_followed(tmp_path):
+    """Other users of the shared storage can write the lease directory; root's writes there (the
+    readers log, heartbeat renewals) must not follow a link they planted."""
+    import time as _time
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    d = tmp_path / "leases"
+    d.mkdir()
+    (d / "readers.log").symlink_to(victim)
+    lz = lease.Lease(str(d), cap=1, ttl=0.6)
+    lz.acquire(timeout=5)
+    token = json.loads((d / "slot-0").read_text())["token"]
+    (d / f"slot-0.renew-{token}").symlink_to(victim)  # the token is readable in the slot file
+    _time.sleep(0.7)  # at least one heartbeat (every ttl/3)
+    lz.release()
+    assert victim.read_text() == "precious\n"
+    assert (d / "readers.log").is_symlink()
