@@ -99,7 +99,7 @@ def test_kill_9_mid_copy_then_resume(lab, tmp_path):
         os.killpg(proc.pid, 9)
         proc.wait()
     for i in range(1, LAB_NODES + 1):  # SIGKILL the node-side staging processes, as a crash would
-        ssh(lab, f"node{i}", "pkill -9 -f '[A]nsiballZ_model_stage'; true")
+        ssh(lab, f"node{i}", "pkill -9 -f '[A]nsiballZ_llmfleet_model_stage'; true")
     time.sleep(1)
     tree = node_tree(lab, "node1", model)
     assert f".partial-{revision}" in tree and revision not in tree, tree  # nothing half-done is published
