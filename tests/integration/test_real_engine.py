@@ -92,6 +92,9 @@ def test_real_worker_sigkill_is_a_failure_and_systemd_restarts_it(real):
     rec = json.loads(ssh(lab, "node1", f"cat {RECORD}.1").stdout)
     assert rec["verdict"] == "unrequested-exit-0" and rec["exit_code"] == 70, rec
     assert re.search(r"Worker proc VllmWorker-1 died unexpectedly", json.dumps(rec)), rec
+    # The rank comes from vLLM's own worker-death line (its tag is EngineCore, the rank is in the text).
+    assert (rec.get("failed_rank") or {}).get("rank") == 1, rec.get("failed_rank")
+    assert "WARNING" not in (rec.get("first_error") or ""), rec.get("first_error")
     # Serving again: the gate (a second converge changes nothing and asks the question again).
     cp = engine(*real_vars())
     assert cp.returncode == 0, cp.stdout[-4000:]
