@@ -9,9 +9,10 @@ stopped head first (SGLang workers wait for rank 0's ShutdownReq), and the first
 named with its rank, termination record and journal tail. Nodes are reached with plain OpenSSH
 (the same host, user, port, key and options Ansible uses) and every call has a timeout.
 
-Privilege: reading llmfleet's state (0750, owner llmfleet), the journal and stopping units need root.
-A site connects as an operator account with become, so every remote script runs through `sudo -n`
-unless the login is already root; sudo asking for a password is a configuration error, said at once.
+Privilege: the journal, systemctl and the engine's state directory need root. A site connects as an
+operator account with become, so every remote script runs through `sudo -n` unless the login is
+already root; sudo asking for a password is a configuration error, said at once. Files the engine
+writes are read as the engine's user (read_cmd), never followed by root.
 A node whose SSH keeps failing for `unreachable_after` seconds fails the gate (named, with the SSH
 error) instead of holding it until the deadline.
 """
@@ -33,11 +34,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .net import connect_state
+from .wrapper import PHASES
 
-PHASE_ORDER = ("started", "dist_init", "dist_ready", "loading", "loaded", "warmup", "warm", "serving")
+# The wrapper's phases, in order, after its "started" (one list: the gate ranks what the wrapper reports).
+PHASE_ORDER = ("started", *PHASES)
 SHOW_PROPS = "ActiveState,SubState,Result,NRestarts,ExecMainCode,ExecMainStatus,MainPID,InvocationID"
 DEFAULT_PROMPT = "What is 37\u00d719? Reply with only the number."
-SSH_FAILED = 255  # ssh's own exit status: connect, auth or host-key failure (not the remote command's)
 # Root-only parts of every remote script run as root: directly when the login is root, else through
 # passwordless sudo (the gate cannot answer a password prompt; -n makes sudo fail instead of asking).
 AS_ROOT = 'if [ "$(id -u)" -eq 0 ]; then exec sh -c "$0"; else exec sudo -n -- sh -c "$0"; fi'
@@ -156,8 +158,14 @@ def phase_rank(phase: str | None) -> int:
 
 
 class Node:
-    def __init__(
-        self, spec: dict[str, Any], unit: str, status_file: str, record_file: str, control_dir: str | None = None
+    def __init__(  # noqa: PLR0917 (one node's fixed facts)
+        self,
+        spec: dict[str, Any],
+        unit: str,
+        status_file: str,
+        record_file: str,
+        control_dir: str | None = None,
+        read_as: str | None = None,
     ) -> None:
         self.name = spec["name"]
         self.rank = int(spec["rank"])
@@ -171,7 +179,7 @@ class Node:
         self.ready_seen_at: float | None = None
         self.unreachable_since: float | None = None  # first of the current run of failed SSH polls
         self.unreachable = False
-        self.read_as: str | None = None
+        self.read_as = read_as
 
     def probe(self, timeout: float = 20) -> dict[str, Any]:
         rc, out, err = self.remote.run(probe_script(self.unit, self.status_file, self.read_as), timeout=timeout)
@@ -310,12 +318,10 @@ class Gate:
             raise ValueError("the gate needs the head (node rank 0) among its nodes")
         # SSH control sockets live in a private directory of this run (0700, unpredictable name).
         self.control_dir = tempfile.mkdtemp(prefix="llmfleet-gate-")
-        self.nodes = sorted((Node(n, unit, status_file, record_file, self.control_dir) for n in nodes),
+        self.nodes = sorted((Node(n, unit, status_file, record_file, self.control_dir, read_as) for n in nodes),
                             key=lambda n: n.rank)  # fmt: skip
         self.unreachable_after = unreachable_after
         self.read_as = read_as
-        for n in self.nodes:
-            n.read_as = read_as
         self.unit, self.record_file = unit, record_file
         self.api_base, self.model, self.api_key = api_base.rstrip("/"), model, api_key
         self.prompt, self.expect = prompt, expect
