@@ -425,7 +425,12 @@ def test_vllm_single_node_tp2_serves_with_env_api_key_and_no_done_fault(lab):
     for gpu_only in ("Model loading took", "Capturing CUDA graphs", "Graph capturing finished", "Uvicorn running on"):
         assert gpu_only not in out
     obs = observed(node, ("vllm", 0, 1, 2, ["vllm", *map(str, argv)]))
-    assert obs.ready and [p["phase"] for p in obs.phases] == ["dist_init", "dist_ready", "loading", "loaded", "serving"]
+    # Ranks are separate processes: TP1's "Starting to load model" may come before TP0's once-per-node
+    # "assigned as" line, and phases only move forward, so dist_ready can be passed over (as with the
+    # real engine). Everything else comes in this order.
+    phases = [p["phase"] for p in obs.phases]
+    assert obs.ready and phases in (["dist_init", "dist_ready", "loading", "loaded", "serving"],
+                                    ["dist_init", "loading", "loaded", "serving"]), phases  # fmt: skip
     assert obs.first_error is None  # also when the start-up ulimit WARNING (it quotes `OSError`) was printed
     status, models = call(port, "GET", "/v1/models", key="k1")
     assert [(m["id"], m["owned_by"], m["max_model_len"]) for m in models["data"]] == [
