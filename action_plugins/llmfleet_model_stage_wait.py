@@ -26,23 +26,14 @@ def argument_spec() -> dict:
     }
 
 
-GiB = 1024**3
-
-
-def progress_line(host: str, p: dict) -> str:
-    total, done = p.get("total_bytes", 0), p.get("done_bytes", 0)
-    pct = 100.0 * done / total if total else 100.0
-    return (
-        f"{host}: {p.get('phase', '?')} {done / GiB:.2f}/{total / GiB:.2f} GiB ({pct:.0f}%) "
-        f"at {p.get('rate_bytes_per_s', 0) / 2**20:.0f} MiB/s; from shared storage "
-        f"{p.get('source_bytes_read', 0) / GiB:.2f} GiB, from peers {p.get('peer_bytes_read', 0) / GiB:.2f} GiB"
-    )
-
-
 class ActionModule(ActionBase):
     _requires_connection = True
 
     def run(self, tmp=None, task_vars=None):
+        # The package as the filter plugins load it (installed on the ops host, imported when used): the
+        # progress line is formatted by the package's one function, which `llmfleet stage` uses too.
+        from llmfleet.stage_progress import progress_line
+
         super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=argument_spec())
         host = task_vars.get("inventory_hostname", "?")
@@ -70,12 +61,12 @@ class ActionModule(ActionBase):
             if not got.get("failed") and got.get("content"):
                 try:
                     last = json.loads(base64.b64decode(got["content"]))
-                    display.display(progress_line(host, last))
+                    display.display(progress_line(last, host))
                 except ValueError:
                     pass
             if time.monotonic() > deadline:
                 raise AnsibleActionFail(
                     f"{host}: staging still running after {args['timeout']} s (last progress: "
-                    f"{progress_line(host, last) if last else 'none'}); verified files are kept, rerun to resume"
+                    f"{progress_line(last, host) if last else 'none'}); verified files are kept, rerun to resume"
                 )
             time.sleep(args["interval"])

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llmfleet import checkpoint, stage  # noqa: E402
+from llmfleet.manifest import build_manifest  # noqa: E402
 from tests.helpers.ckpt import write_raw  # noqa: E402
 from tests.lab.labctl import Lab  # noqa: E402
 
@@ -87,7 +88,7 @@ def bench_single(gb: float) -> tuple[str, dict]:
     src = make_revision(WORK / f"src-{gb:g}g", int(gb * GiB), 20)
     size = sum(f.stat().st_size for f in src.iterdir())
     manifest_t0 = time.monotonic()
-    manifest = checkpoint.build_manifest(str(src), threads=4, revision=REV)
+    manifest = build_manifest(str(src), threads=4, revision=REV)
     manifest_s = time.monotonic() - manifest_t0
     rows = {}
     for name, fn in (
@@ -119,7 +120,7 @@ def bench_single(gb: float) -> tuple[str, dict]:
 
 def bench_restage() -> tuple[str, dict]:
     src = make_revision(WORK / "src-200", 200 * 2**20, 200)
-    manifest = checkpoint.build_manifest(str(src), revision=REV)
+    manifest = build_manifest(str(src), revision=REV)
     dst = WORK / "dst-200"
     shutil.rmtree(dst, ignore_errors=True)
     req = stage.StageRequest(root=str(dst), model="m", revision=REV, manifest=manifest)
@@ -160,7 +161,7 @@ def bench_fleet(nodes: int, gb: float) -> tuple[str, dict]:
             "model_stage_shared_rw_dir": "/mnt/shared-rw/llmfleet",
             "model_stage_max_source_readers": 1,
             "model_stage_free_space_margin_gb": 0,
-            "model_stage_report_dir": str(WORK),
+            "llmfleet_report_dir": str(WORK),
         }
         # manifest first (cached on shared storage; later runs reuse it), so the timed run is the copy
         margs = {

@@ -136,7 +136,7 @@ from ansible.module_utils.llmfleet.engine import (
     prepare_cache,
 )
 from ansible.module_utils.llmfleet.safefs import UnsafePathError
-from ansible.module_utils.llmfleet.stage import paths_in_use
+from ansible.module_utils.llmfleet.store import paths_in_use
 
 
 def fingerprint_dirs_in_use(root: str) -> set[str]:

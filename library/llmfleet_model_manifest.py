@@ -95,9 +95,10 @@ total_bytes:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.checkpoint import build_manifest
 from ansible.module_utils.llmfleet.lease import Lease, LeaseTimeout
-from ansible.module_utils.llmfleet.stage import StageError, obtain_manifest, resolve_source, stat_manifest
+from ansible.module_utils.llmfleet.manifest import build_manifest, obtain_manifest, stat_manifest
+from ansible.module_utils.llmfleet.stage import resolve_source
+from ansible.module_utils.llmfleet.stage_errors import StageError
 
 # Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).
 RANGES = {

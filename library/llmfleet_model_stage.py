@@ -223,9 +223,10 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.checkpoint import load_manifest
 from ansible.module_utils.llmfleet.lease import LeaseTimeout
-from ansible.module_utils.llmfleet.stage import StageError, StageRequest, plan, resolve_source, stat_manifest
+from ansible.module_utils.llmfleet.manifest import load_manifest, stat_manifest
+from ansible.module_utils.llmfleet.stage import StageRequest, plan, resolve_source
+from ansible.module_utils.llmfleet.stage_errors import StageError
 from ansible.module_utils.llmfleet.swarm import SwarmConfig, run_node
 
 # Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).

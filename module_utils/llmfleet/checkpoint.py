@@ -1,28 +1,25 @@
 """Checkpoint structure and integrity: safetensors headers, the shard index, required files,
-and the per-revision manifest (size + sha256 per file; sha256 = the hub's LFS oid).
+and the verification of a checkpoint directory (its structure, plus its manifest when given).
 
+The manifest itself (format, building, reading, comparing files with it) is in manifest.py.
 Stdlib only: runs inside Ansible modules on nodes and in the CLI. Every problem is reported as
 ``Problem(file, kind, message)`` so callers can block a publish, print a table or emit JSON.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .manifest import load_manifest, verify_manifest
+
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-MANIFEST_FORMAT = "llmfleet-manifest/1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json")
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors reference implementation's own limit
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
-HASH_CHUNK = 8 * 1024 * 1024
 
 # Bytes per element. Sub-byte and exotic types the format allows are included so real FP8/FP4
 # checkpoints parse; packed sub-byte types are in PACKED_BITS.
@@ -34,7 +31,8 @@ DTYPE_BYTES = {
 }  # fmt: skip
 PACKED_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}  # packed: ceil(n * bits / 8) bytes
 
-# Problem kinds (stable: the CLI's --json and tests use them).
+# Problem kinds (stable: the CLI's --json and tests use them). manifest.verify_manifest reports
+# missing_file, truncated, size_mismatch and hash_mismatch; verify() reports bad_manifest.
 KIND_FIX = {
     "not_a_directory": "give the checkpoint directory (the one holding config.json)",
     "unsafe_path": "the index must name plain file names inside the revision; this checkpoint is malformed or hostile",
@@ -275,109 +273,6 @@ def verify_structure(directory: str, require_tokenizer: bool = True) -> Report:
     return report
 
 
-# ---- manifest ---------------------------------------------------------------------------------
-
-
-def sha256_file(path: str, chunk: int = HASH_CHUNK) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
-
-
-def revision_from_path(directory: str) -> str | None:
-    """The commit of a hub-cache snapshot dir (models--org--name/snapshots/<40-hex>/), else None."""
-    parts = os.path.normpath(os.path.abspath(directory)).split(os.sep)
-    if len(parts) >= 3 and parts[-2] == "snapshots" and HEX40.match(parts[-1]) and parts[-3].startswith("models--"):
-        return parts[-1]
-    return None
-
-
-def list_files(directory: str) -> list[str]:
-    """Relative paths of the revision's files (symlinks followed, as in hub snapshots), sorted.
-    Hidden entries (.cache, .git, .llmfleet-*) are not part of a revision."""
-    out = []
-    for top, dirs, files in os.walk(directory, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in files:
-            if not name.startswith("."):
-                out.append(os.path.relpath(os.path.join(top, name), directory))
-    return sorted(out)
-
-
-def build_manifest(directory: str, threads: int = 4, revision: str | None = None) -> dict[str, Any]:
-    """Read every file once and record its size and sha256."""
-    files = list_files(directory)
-
-    def one(rel: str) -> dict[str, Any]:
-        path = os.path.join(directory, rel)
-        return {"path": rel, "size": os.path.getsize(path), "sha256": sha256_file(path)}
-
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:  # hashlib releases the GIL
-        entries = list(ex.map(one, files))
-    return {
-        "format": MANIFEST_FORMAT,
-        "revision": revision or revision_from_path(directory),
-        "files": entries,
-        "total_bytes": sum(e["size"] for e in entries),
-    }
-
-
-def load_manifest(path: str) -> dict[str, Any]:
-    """Read and check a manifest file; raises ValueError naming what is wrong."""
-    with open(path, encoding="utf-8") as f:
-        m = json.load(f)
-    if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT or not isinstance(m.get("files"), list):
-        raise ValueError(f"{path}: not an {MANIFEST_FORMAT} manifest")
-    for e in m["files"]:
-        if not (
-            isinstance(e, dict)
-            and isinstance(e.get("path"), str)
-            and isinstance(e.get("size"), int)
-            and isinstance(e.get("sha256"), str)
-            and re.fullmatch(r"[0-9a-f]{64}", e["sha256"])
-        ):
-            raise ValueError(f"{path}: malformed entry {e!r}")
-        rel = e["path"]
-        if os.path.isabs(rel) or ".." in rel.split("/") or rel.startswith(".") or "\\" in rel:
-            raise ValueError(f"{path}: entry path {rel!r} leaves the revision directory")
-    return m
-
-
-def verify_manifest(
-    directory: str, manifest: dict[str, Any], report: Report, deep: bool = True, threads: int = 4
-) -> None:
-    """Compare files on disk with the manifest: presence, size, and (deep) sha256."""
-    expected = {e["path"]: e for e in manifest["files"]}
-
-    def one(rel: str) -> Problem | None:
-        e = expected[rel]
-        path = os.path.join(directory, rel)
-        if not os.path.isfile(path):
-            return Problem(rel, "missing_file", "listed in the manifest, not on disk")
-        size = os.path.getsize(path)
-        if size != e["size"]:
-            kind = "truncated" if size < e["size"] else "size_mismatch"
-            return Problem(rel, kind, f"{size} bytes on disk, manifest says {e['size']}")
-        if deep:
-            got = sha256_file(path)
-            if got != e["sha256"]:
-                return Problem(rel, "hash_mismatch", f"sha256 {got[:12]}… on disk, manifest says {e['sha256'][:12]}…")
-        return None
-
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:
-        for p in ex.map(one, sorted(expected)):
-            if p:
-                report.problems.append(p)
-    extra = sorted(set(list_files(directory)) - set(expected))
-    if extra:
-        report.warnings.append(f"files not in the manifest: {', '.join(extra[:5])}{' …' if len(extra) > 5 else ''}")
-
-
 def verify(directory: str, manifest_path: str | None = None, deep: bool = True, threads: int = 4) -> Report:
     """Structure checks, plus manifest checks when a manifest is given."""
     report = verify_structure(directory)
@@ -389,8 +284,7 @@ def verify(directory: str, manifest_path: str | None = None, deep: bool = True, 
             return report
         # Files whose structure already failed are reported once, by the structure check.
         already = {p.file for p in report.problems}
-        sub = Report(directory)
-        verify_manifest(directory, manifest, sub, deep=deep, threads=threads)
-        report.problems += [p for p in sub.problems if p.file not in already]
-        report.warnings += sub.warnings
+        problems, warnings = verify_manifest(directory, manifest, deep=deep, threads=threads)
+        report.problems += [Problem(*p) for p in problems if p[0] not in already]
+        report.warnings += warnings
     return report

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 
 from . import __version__
-from .checkpoint import HEX40
+from .manifest import HEX40
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -130,7 +130,7 @@ def _cmd_checkpoint_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkpoint_manifest(args: argparse.Namespace) -> int:
-    from .checkpoint import build_manifest
+    from .manifest import build_manifest
 
     if not os.path.isdir(args.dir):
         return _usage_error("checkpoint manifest", f"{args.dir}: not a directory (give the one holding config.json)")
@@ -158,22 +158,16 @@ def _cmd_checkpoint_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bar(p: dict, width: int = 30) -> str:
-    total, done = p.get("total_bytes", 0), p.get("done_bytes", 0)
-    frac = done / total if total else 1.0
-    fill = int(frac * width)
-    return (
-        f"[{'#' * fill}{'.' * (width - fill)}] {frac * 100:5.1f}% {done / 2**30:.2f}/{total / 2**30:.2f} GiB "
-        f"{p.get('rate_bytes_per_s', 0) / 2**20:.0f} MiB/s {p.get('phase', '')}"
-    )
-
-
 def _cmd_stage(args: argparse.Namespace) -> int:
     import tempfile
     import threading
 
-    from .checkpoint import build_manifest, load_manifest
-    from .stage import LocalSource, StageError, StageRequest, model_dir, plan, resolve_source, stage
+    from .manifest import build_manifest, load_manifest
+    from .stage import StageRequest, plan, resolve_source, stage
+    from .stage_errors import StageError
+    from .stage_progress import progress_line
+    from .store import model_dir
+    from .transfer import LocalSource
 
     if not os.path.isdir(args.source):
         return _usage_error("stage", f"{args.source}: not a directory (is the shared storage mounted?)")
@@ -211,7 +205,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
             def show() -> None:
                 try:
                     with open(req.progress_path, encoding="utf-8") as f:
-                        print("\r" + _bar(json.load(f)), end="", file=sys.stderr, flush=True)
+                        print("\r" + progress_line(json.load(f)), end="", file=sys.stderr, flush=True)
                 except (OSError, ValueError):
                     pass
 

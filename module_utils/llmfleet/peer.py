@@ -15,7 +15,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .stage import JOURNAL, read_journal, read_record
+from .store import JOURNAL, read_journal, read_record
 
 
 class PeerState:

@@ -15,7 +15,10 @@ from typing import Any
 
 from .lease import Lease, SharedLease
 from .peer import PeerState, serve_in_background
-from .stage import LocalSource, PeerSource, StageError, StageRequest, assign_files, model_dir, stage
+from .stage import StageRequest, assign_files, stage
+from .stage_errors import StageError
+from .store import model_dir
+from .transfer import LocalSource, PeerSource
 
 
 @dataclass

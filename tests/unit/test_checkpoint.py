@@ -1,4 +1,4 @@
-"""Checkpoint structure and manifest checks on real safetensors files."""
+"""Checkpoint structure (checkpoint.py) and manifest (manifest.py) checks on real safetensors files."""
 
 import hashlib
 import json
@@ -10,7 +10,7 @@ import sys
 import pytest
 from safetensors import safe_open
 
-from llmfleet import checkpoint
+from llmfleet import checkpoint, manifest
 from tests.helpers.ckpt import make_checkpoint, write_raw
 
 SHARD1 = "model-00001-of-00003.safetensors"
@@ -182,7 +182,7 @@ def test_stray_shard_is_a_warning(ckpt):
 
 
 def test_manifest_roundtrip_and_content_damage(ckpt, tmp_path):
-    m = checkpoint.build_manifest(str(ckpt), threads=3)
+    m = manifest.build_manifest(str(ckpt), threads=3)
     files = {e["path"]: e for e in m["files"]}
     assert set(files) == {SHARD1, SHARD2, "model-00003-of-00003.safetensors", checkpoint.INDEX_NAME, "config.json",
                           "tokenizer.json", "tokenizer_config.json"}  # fmt: skip
@@ -210,9 +210,9 @@ def test_manifest_roundtrip_and_content_damage(ckpt, tmp_path):
     "bad",
     [
         {"format": "other", "files": []},
-        {"format": checkpoint.MANIFEST_FORMAT, "files": [{"path": "../x", "size": 1, "sha256": "0" * 64}]},
-        {"format": checkpoint.MANIFEST_FORMAT, "files": [{"path": "x", "size": "1", "sha256": "0" * 64}]},
-        {"format": checkpoint.MANIFEST_FORMAT, "files": [{"path": "x", "size": 1, "sha256": "zz"}]},
+        {"format": manifest.MANIFEST_FORMAT, "files": [{"path": "../x", "size": 1, "sha256": "0" * 64}]},
+        {"format": manifest.MANIFEST_FORMAT, "files": [{"path": "x", "size": "1", "sha256": "0" * 64}]},
+        {"format": manifest.MANIFEST_FORMAT, "files": [{"path": "x", "size": 1, "sha256": "zz"}]},
     ],
 )
 def test_bad_manifest_is_reported(ckpt, tmp_path, bad):
@@ -233,9 +233,9 @@ def test_revision_from_hub_cache_layout(tmp_path):
         blob = blobs / hashlib.sha256(f.read_bytes()).hexdigest()
         shutil.move(f, blob)
         os.symlink(os.path.relpath(blob, snap), snap / f.name)
-    assert checkpoint.revision_from_path(str(snap)) == rev
-    assert checkpoint.revision_from_path(str(tmp_path / "src")) is None
-    m = checkpoint.build_manifest(str(snap))
+    assert manifest.revision_from_path(str(snap)) == rev
+    assert manifest.revision_from_path(str(tmp_path / "src")) is None
+    m = manifest.build_manifest(str(snap))
     assert m["revision"] == rev
     for e in m["files"]:  # manifest sha256 == the hub's LFS oid (the blob name)
         assert os.path.basename(os.readlink(snap / e["path"])) == e["sha256"]

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from llmfleet import checkpoint, stage
+from llmfleet import checkpoint, stage, store, transfer
+from llmfleet.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
 
 REV = "1" * 40
@@ -23,7 +24,7 @@ def src(tmp_path):
 
 
 def manifest_of(d):
-    return checkpoint.build_manifest(str(d))
+    return build_manifest(str(d))
 
 
 def run(root, src, rev=REV, manifest=None, **kw):
@@ -83,7 +84,7 @@ def test_resume_keeps_verified_files(tmp_path, src):
         stage.stage(req, lambda rel: [Flaky(stage.LocalSource(str(src)), {shards[0]})])
     mdir = root / "m"
     assert not (mdir / REV).exists() and not (mdir / "current").exists()  # nothing published
-    journal = stage.read_journal(str(mdir / f".partial-{REV}"))
+    journal = store.read_journal(str(mdir / f".partial-{REV}"))
     assert shards[0] not in journal and shards[1] in journal
     plan = stage.plan(req)
     assert [e["path"] for e in plan["todo"]] == [shards[0]]
@@ -134,7 +135,7 @@ def test_structure_problem_blocks_publish(tmp_path, src):
 def test_disk_space_is_checked_before_copying(tmp_path, src):
     with pytest.raises(stage.StageError, match=r"GiB free, staging needs .* GiB margin"):
         run(tmp_path / "nvme", src, margin_bytes=10**18)
-    assert stage.read_journal(str(tmp_path / "nvme" / "m" / f".partial-{REV}")) == {}
+    assert store.read_journal(str(tmp_path / "nvme" / "m" / f".partial-{REV}")) == {}
 
 
 def test_enospc_mid_copy_keeps_previous_revision(tmp_path, src, monkeypatch):
@@ -149,7 +150,7 @@ def test_enospc_mid_copy_keeps_previous_revision(tmp_path, src, monkeypatch):
         budget["n"] -= len(data)
         return real_write(fd, data)
 
-    monkeypatch.setattr(stage.os, "write", write)
+    monkeypatch.setattr(transfer.os, "write", write)
     src2 = make_checkpoint(tmp_path / "shared" / "m2", shards=4, tensors_per_shard=3, shape=(64, 64), seed=7)
     with pytest.raises(stage.StageError, match=r"disk full while copying .* `current` are untouched"):
         run(root, src2, rev=REV2, manifest=manifest_of(src2))
@@ -192,14 +193,14 @@ def test_gc_keeps_newest_current_and_in_use(tmp_path):
     # a process holds a file of REV open: it is in use
     holder = subprocess.Popen(["sleep", "30"], stdin=open(mdir / REV / "config.json"))
     try:
-        res = stage.gc(str(mdir), keep=1)
+        res = store.gc(str(mdir), keep=1)
     finally:
         holder.kill()
         holder.wait()
     assert res == {"removed": [], "kept_in_use": [REV]}  # REV3 newest, REV2 current, REV in use
-    assert stage.gc(str(mdir), keep=1) == {"removed": [REV], "kept_in_use": []}
+    assert store.gc(str(mdir), keep=1) == {"removed": [REV], "kept_in_use": []}
     assert sorted(p for p in os.listdir(mdir) if not p.startswith(".")) == [REV2, REV3, "current"]
-    assert not os.path.exists(stage.record_path(str(mdir), REV))
+    assert not os.path.exists(store.record_path(str(mdir), REV))
 
 
 def test_resolve_source_layouts(tmp_path, src):
@@ -228,3 +229,60 @@ def test_progress_file_is_written(tmp_path, src):
     run(tmp_path / "nvme", src, progress_path=str(prog))
     p = json.loads(prog.read_text())
     assert p["phase"] == "published" and p["done_bytes"] == p["total_bytes"] > 0
+
+
+# ---- the progress line and the module layout ---------------------------------------------------
+
+
+SNAPSHOT = {"phase": "copying", "total_bytes": 4 * 2**30, "done_bytes": 2**30, "rate_bytes_per_s": 2**29,
+            "source_bytes_read": 2**30, "peer_bytes_read": 0}  # fmt: skip
+
+
+def test_progress_line_for_the_cli_and_for_the_playbook():
+    from llmfleet.stage_progress import progress_line
+
+    assert progress_line(SNAPSHOT) == "[#######.......................]  25.0% 1.00/4.00 GiB 512 MiB/s copying"
+    assert progress_line(SNAPSHOT, "node1") == (
+        "node1: copying 1.00/4.00 GiB (25%) at 512 MiB/s; from shared storage 1.00 GiB, from peers 0.00 GiB"
+    )
+    assert progress_line({}) == "[##############################] 100.0% 0.00/0.00 GiB 0 MiB/s "
+    assert progress_line({}, "node1") == (
+        "node1: ? 0.00/0.00 GiB (100%) at 0 MiB/s; from shared storage 0.00 GiB, from peers 0.00 GiB"
+    )
+
+
+STAGING = ("stage_errors", "stage_progress", "manifest", "checkpoint", "store", "transfer", "stage")
+
+
+def _imports(name):
+    import ast
+    from pathlib import Path
+
+    import llmfleet
+
+    tree = ast.parse((Path(llmfleet.__file__).parent / f"{name}.py").read_text(), feature_version=(3, 8))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            out.update((node.module or "").split(".")[:1] if node.module else [a.name for a in node.names])
+    return out
+
+
+def test_staging_modules_are_layered():
+    """Each staging module imports only the ones below it (errors, progress < manifest < checkpoint <
+    store < transfer < stage): the store never copies, transfer never decides the flow."""
+    assert _imports("stage_errors") == set()
+    assert _imports("stage_progress") == {"safefs"}
+    assert _imports("manifest") == {"safefs", "stage_errors"}
+    assert _imports("checkpoint") == {"manifest"}
+    assert _imports("store") == {"checkpoint", "manifest", "stage_errors"}
+    assert _imports("transfer") == {"stage_errors", "stage_progress", "store"}
+    assert _imports("stage") <= {"manifest", "stage_errors", "stage_progress", "store", "transfer"}
+
+
+def test_the_names_stage_exports_are_the_same_objects():
+    from llmfleet import stage_errors
+
+    assert stage.StageError is stage_errors.StageError and stage.DiskFullError is stage_errors.DiskFullError
+    assert stage.LocalSource is transfer.LocalSource and stage.PeerSource is transfer.PeerSource
+    assert set(stage.__all__) <= set(dir(stage))

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from llmfleet import checkpoint, stage, swarm
+from llmfleet.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
 
 REV = "a" * 40
@@ -26,7 +27,7 @@ def src(tmp_path):
 
 
 def run_fleet(tmp_path, src, hosts, seeds, **cfg_kw):
-    manifest = checkpoint.build_manifest(str(src))
+    manifest = build_manifest(str(src))
     ports = {h: free_port() for h in hosts}
     peers = {h: f"http://127.0.0.1:{ports[h]}" for h in hosts}
     results, errors = {}, {}
@@ -72,7 +73,7 @@ def test_four_nodes_read_shared_storage_once(tmp_path, src):
 
 
 def test_already_published_node_serves_everything(tmp_path, src):
-    manifest = checkpoint.build_manifest(str(src))
+    manifest = build_manifest(str(src))
     stage.stage(
         stage.StageRequest(root=str(tmp_path / "n1"), model="m", revision=REV, manifest=manifest),
         lambda rel: [stage.LocalSource(str(src))],
@@ -84,7 +85,7 @@ def test_already_published_node_serves_everything(tmp_path, src):
 
 
 def test_a_lying_peer_is_not_trusted(tmp_path, src):
-    manifest = checkpoint.build_manifest(str(src))
+    manifest = build_manifest(str(src))
     names = [e["path"] for e in manifest["files"]]
 
     class Liar(http.server.BaseHTTPRequestHandler):
@@ -126,7 +127,7 @@ def test_a_lying_peer_is_not_trusted(tmp_path, src):
 
 
 def test_dead_seed_falls_back_to_source(tmp_path, src):
-    manifest = checkpoint.build_manifest(str(src))
+    manifest = build_manifest(str(src))
     req = stage.StageRequest(root=str(tmp_path / "n2"), model="m", revision=REV, manifest=manifest)
     cfg = swarm.SwarmConfig(
         me="n2",

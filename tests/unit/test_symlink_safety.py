@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import engine, safefs, stage
+from llmfleet import engine, safefs
+from llmfleet.manifest import obtain_manifest
 from llmfleet.safefs import UnsafePathError
+from llmfleet.stage_errors import StageError
+from llmfleet.stage_progress import Progress
 
 ENGINE_UID = ENGINE_GID = 65534
 FP, OLD1, OLD2 = "d" * 16, "a" * 16, "b" * 16
@@ -211,7 +214,7 @@ def test_progress_file_never_writes_through_a_planted_link(tmp_path, victim):
     path = d / "m-rev.progress.json"
     path.symlink_to(victim / "shadow")
     (d / f".m-rev.progress.json.{os.getpid()}.tmp").symlink_to(victim / "shadow")
-    p = stage.Progress(total=10, path=str(path))
+    p = Progress(total=10, path=str(path))
     p.flush(force=True)
     assert json.loads(path.read_text())["total_bytes"] == 10
 
@@ -220,7 +223,7 @@ def test_progress_dir_swapped_for_a_symlink_is_not_followed(tmp_path, victim):
     home = engine_owned(tmp_path / "llmfleet")
     (home / "stage").symlink_to(victim)
     os.lchown(home / "stage", ENGINE_UID, ENGINE_GID)
-    p = stage.Progress(total=10, path=str(home / "stage" / "m-rev.progress.json"))
+    p = Progress(total=10, path=str(home / "stage" / "m-rev.progress.json"))
     p.flush(force=True)  # refused (progress is best effort): nothing lands in the victim
 
 
@@ -238,7 +241,7 @@ def test_manifest_cache_on_shared_storage_never_writes_through_a_planted_link(tm
     rev = "5" * 40
     (mdir / f"{rev}.json.{os.getpid()}.tmp").symlink_to(victim / "shadow")
     manifest = {"files": [{"path": "config.json", "size": 2, "sha256": "0" * 64}]}
-    got = stage.obtain_manifest(str(src), "m", rev, str(shared), build=lambda: dict(manifest))
+    got = obtain_manifest(str(src), "m", rev, str(shared), build=lambda: dict(manifest))
     assert got["origin"] == "built"
     assert json.loads((mdir / f"{rev}.json").read_text())["revision"] == rev
 
@@ -253,8 +256,8 @@ def test_manifest_cache_dir_swapped_for_a_symlink_is_refused(tmp_path, victim):
     (shared / "manifests").symlink_to(victim)
     os.lchown(shared / "manifests", ENGINE_UID, ENGINE_GID)
     manifest = {"files": [{"path": "config.json", "size": 2, "sha256": "0" * 64}]}
-    with pytest.raises(stage.StageError, match="manifests is a symlink"):
-        stage.obtain_manifest(str(src), "m", "5" * 40, str(shared), build=lambda: dict(manifest))
+    with pytest.raises(StageError, match="manifests is a symlink"):
+        obtain_manifest(str(src), "m", "5" * 40, str(shared), build=lambda: dict(manifest))
 
 
 # ---------------------------------------------------------------------------------------------

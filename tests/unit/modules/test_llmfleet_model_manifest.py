@@ -1,11 +1,11 @@
-"""llmfleet_model_manifest: options -> stage.obtain_manifest, and the build it may run -> a reader lease
-and checkpoint.build_manifest."""
+"""llmfleet_model_manifest: options -> manifest.obtain_manifest, and the build it may run -> a reader lease
+and manifest.build_manifest."""
 
 from typing import ClassVar
 
 import pytest
 from ansible.module_utils.llmfleet.lease import LeaseTimeout
-from ansible.module_utils.llmfleet.stage import StageError
+from ansible.module_utils.llmfleet.stage_errors import StageError
 
 import llmfleet_model_manifest as mod
 from tests.unit.modules.util import Recorder, fail, run, undocumented

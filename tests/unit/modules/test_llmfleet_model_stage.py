@@ -5,7 +5,8 @@ import json
 
 import pytest
 from ansible.module_utils.llmfleet.lease import LeaseTimeout
-from ansible.module_utils.llmfleet.stage import StageError, StageRequest
+from ansible.module_utils.llmfleet.stage import StageRequest
+from ansible.module_utils.llmfleet.stage_errors import StageError
 from ansible.module_utils.llmfleet.swarm import SwarmConfig
 
 import llmfleet_model_stage as mod

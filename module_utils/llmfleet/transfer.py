@@ -1,0 +1,210 @@
+"""Copying a revision's files into a node's partial dir: from shared storage or from a peer,
+hashed in the same pass and verified against the manifest as each file lands, on a pool of
+copy threads under a shared rate limit.
+
+Where the files go and what is kept is the store's (store.py); which sources to try, in which
+order, is the caller's (stage.py, swarm.py).
+Stdlib only (runs inside an Ansible module on the node and in the CLI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO
+
+from .stage_errors import DiskFullError, StageError
+from .stage_progress import Progress
+from .store import Journal
+
+CHUNK = 16 * 1024 * 1024
+
+
+class RateLimit:
+    """Bytes per second shared by all copy threads of a node (0 = unlimited): protects shared
+    storage and the fabric from one staging run."""
+
+    def __init__(self, bytes_per_s: int) -> None:
+        self.rate = bytes_per_s
+        self.t0 = time.monotonic()
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        with self._lock:
+            self.sent += n
+            ahead = self.sent / self.rate - (time.monotonic() - self.t0)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+UNLIMITED = RateLimit(0)
+
+
+def copy_stream(
+    src: BinaryIO,
+    dst_path: str,
+    want: dict[str, Any],
+    progress: Progress | None,
+    *,
+    from_peer: bool,
+    limit: RateLimit = UNLIMITED,
+) -> str:
+    """Copy src to dst_path hashing in the same pass; fsync; return the sha256 hex."""
+    h = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    n_total = 0
+    fd = os.open(dst_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        while True:
+            n = src.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            written = 0
+            while written < n:
+                written += os.write(fd, view[written:n])
+            n_total += n
+            if progress:
+                progress.add(n, from_peer)
+            limit.take(n)
+            if n_total > want["size"]:
+                break  # longer than the manifest says: stop reading, fail below
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if n_total != want["size"]:
+        raise StageError(f"{want['path']}: got {n_total} bytes, manifest says {want['size']}")
+    return h.hexdigest()
+
+
+class LocalSource:
+    """Shared storage (a mounted directory)."""
+
+    from_peer = False
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def open(self, rel: str) -> BinaryIO:
+        return open(os.path.join(self.directory, rel), "rb", buffering=0)
+
+    def __str__(self) -> str:
+        return self.directory
+
+
+class PeerSource:
+    """Another node's verified copy, over HTTP on the fabric network (never trusted: the
+    receiver hashes and compares with the manifest)."""
+
+    from_peer = True
+
+    def __init__(self, url: str, timeout: float = 30) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def open(self, rel: str) -> BinaryIO:
+        return urllib.request.urlopen(f"{self.url}/files/{urllib.request.quote(rel)}", timeout=self.timeout)  # noqa: S310
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/status", timeout=5) as r:  # noqa: S310
+            return json.loads(r.read())
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def fetch_file(
+    source: Any,
+    rel: str,
+    partial: str,
+    want: dict[str, Any],
+    journal: Journal,
+    *,
+    progress: Progress | None = None,
+    limit: RateLimit = UNLIMITED,
+) -> None:
+    """Copy one file into the partial dir, verify it against the manifest, journal it."""
+    final = os.path.join(partial, rel)
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    tmp = final + ".llmfleet-part"
+    try:
+        with source.open(rel) as src:
+            got = copy_stream(src, tmp, want, progress, from_peer=source.from_peer, limit=limit)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # on ENOSPC this frees the space the failed copy took
+        if e.errno == errno.ENOSPC:
+            raise DiskFullError(
+                f"{socket.gethostname()}: disk full while copying {rel} into {partial}: the previous revision and "
+                "`current` are untouched; free space (or lower model_stage_keep) and rerun: verified files are kept"
+            ) from None
+        raise StageError(f"{rel}: cannot copy from {source}: {e}") from None
+    except StageError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if got != want["sha256"]:
+        os.unlink(tmp)
+        raise StageError(
+            f"{rel}: sha256 {got[:12]}… from {source} does not match the manifest ({want['sha256'][:12]}…): "
+            "the source copy is damaged or the manifest is from another revision"
+        )
+    os.replace(tmp, final)
+    journal.add({"path": rel, "size": want["size"], "sha256": got, "mtime_ns": os.stat(final).st_mtime_ns})
+
+
+def copy_all(
+    todo: list[dict[str, Any]],
+    partial: str,
+    journal: Journal,
+    progress: Progress,
+    threads: int,
+    *,
+    sources: Callable[[str], list[Any]],
+    on_source_phase: Callable[[], Any] | None,
+    limit: RateLimit,
+) -> None:
+    """Fetch every file of todo, trying sources(rel) in order (a StageError moves on to the next
+    source; a full disk is not retried elsewhere); on_source_phase() is entered around every read
+    from shared storage. Raises one StageError joining the errors of the files that failed."""
+    errors: list[str] = []
+
+    def one(want: dict[str, Any]) -> None:
+        last = None
+        for src in sources(want["path"]):
+            try:
+                if not src.from_peer and on_source_phase:
+                    with on_source_phase():
+                        fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit)
+                else:
+                    fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit)
+                return
+            except DiskFullError:
+                raise
+            except StageError as e:
+                last = e
+        raise last or StageError(f"{want['path']}: no source to copy from")
+
+    # Largest first: the long copies start early and the tail is short.
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:
+        futs = [ex.submit(one, w) for w in sorted(todo, key=lambda e: -e["size"])]
+        for f in futs:
+            try:
+                f.result()
+            except StageError as e:
+                errors.append(str(e))
+    if errors:
+        raise StageError("; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
