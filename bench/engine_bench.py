@@ -26,7 +26,7 @@ from tests.lab import demo_model  # noqa: E402
 from tests.lab.labctl import default_lab  # noqa: E402
 
 BIN = Path(sys.executable).parent
-LIMIT = ["--limit", "node1,node2", "-e", "engine_pp_size=2"]
+LIMIT = ["--limit", "node1,node2", "-e", "llmfleet_pp_size=2"]
 UNIT = "llmfleet-demo.service"
 
 

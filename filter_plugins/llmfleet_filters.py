@@ -24,6 +24,25 @@ def llmfleet_duplicates(mapping: Mapping) -> dict:
     return {value: sorted(keys) for value, keys in seen.items() if len(keys) > 1}
 
 
+def llmfleet_node_order(hosts: list, head_hosts: list) -> list:
+    """Node order = node rank: the head first, then the other hosts in the order given (play order).
+    The one place that decides it: engine node ranks, collective-check ranks and the stop order."""
+    heads = [h for h in head_hosts or [] if h in hosts]
+    return heads + [h for h in hosts if h not in heads]
+
+
+def llmfleet_layout_error(tp: int, pp: int, nnodes: int, gpus_per_node: int) -> str:
+    """'' when TP x PP can be placed on nnodes nodes of gpus_per_node GPUs, else what to fix: the
+    engine plan's own rule (check_layout), so validation checks exactly what the engine role consumes."""
+    from llmfleet.engine import PlanError, check_layout
+
+    try:
+        check_layout(int(tp), int(pp), int(nnodes), int(gpus_per_node))
+    except (PlanError, ValueError, TypeError) as e:
+        return str(e)
+    return ""
+
+
 def llmfleet_pair_rounds(nodes: list) -> list:
     """Rounds of node pairs (each node at most once per round): every pair exactly once."""
     from llmfleet.collverdict import pair_rounds
@@ -100,6 +119,8 @@ class FilterModule:
     def filters(self) -> dict:
         return {
             "llmfleet_duplicates": llmfleet_duplicates,
+            "llmfleet_node_order": llmfleet_node_order,
+            "llmfleet_layout_error": llmfleet_layout_error,
             "llmfleet_pair_rounds": llmfleet_pair_rounds,
             "llmfleet_pick": llmfleet_pick,
             "llmfleet_collcheck_verdict": llmfleet_collcheck_verdict,

@@ -207,7 +207,7 @@ def run(module: AnsibleModule) -> None:
         ranks = run_node_ranks(spec)
     except OSError as e:  # the engine's Python (or numactl) cannot be started
         module.fail_json(
-            msg=f"cannot start the collective-check ranks with {p['python']}: {e}; check nccl_check_python"
+            msg=f"cannot start the collective-check ranks with {p['python']}: {e}; check llmfleet_engine_python"
         )
     module.exit_json(changed=False, ranks=ranks, ok=all(r.get("ok") for r in ranks))
 

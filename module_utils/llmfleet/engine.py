@@ -60,16 +60,19 @@ def _flavour(profile: str) -> str:
 def check_layout(tp: int, pp: int, nnodes: int, gpus_per_node: int | None = None) -> int:
     """Ranks per node for TP x PP over nnodes (both engines put TP inside a node, PP across)."""
     if tp < 1 or pp < 1 or nnodes < 1:
-        raise PlanError(f"engine_tp_size={tp}, engine_pp_size={pp}, nodes={nnodes}: all must be >= 1")
+        raise PlanError(f"llmfleet_tp_size={tp}, llmfleet_pp_size={pp}, nodes={nnodes}: all must be >= 1")
     world = tp * pp
     if world % nnodes:
         raise PlanError(
             f"TP{tp} x PP{pp} = {world} ranks cannot be split evenly over {nnodes} nodes: "
-            "set engine_tp_size / engine_pp_size so tp x pp is a multiple of the node count"
+            "set llmfleet_tp_size / llmfleet_pp_size so tp x pp is a multiple of the node count"
         )
     rpn = world // nnodes
     if gpus_per_node is not None and gpus_per_node and rpn > gpus_per_node:
-        raise PlanError(f"{rpn} ranks per node but the nodes have {gpus_per_node} GPUs: lower tp x pp or add nodes")
+        raise PlanError(
+            f"TP{tp} x PP{pp} over {nnodes} nodes = {rpn} ranks per node, but llmfleet_gpus_per_node={gpus_per_node}: "
+            "lower llmfleet_tp_size x llmfleet_pp_size or add nodes"
+        )
     return rpn
 
 
@@ -349,7 +352,7 @@ def engine_versions(python: str, timeout: float = 120) -> dict[str, Any]:
     """Kernel-library versions and torch's CUDA as the engine's own Python sees them."""
     rc, out = _run([python, "-c", _VERSIONS_PY % (KERNEL_LIBS,)], timeout)
     if rc != 0:
-        raise PlanError(f"engine_python {python} could not report package versions: {out.strip()[-300:]}")
+        raise PlanError(f"llmfleet_engine_python {python} could not report package versions: {out.strip()[-300:]}")
     return json.loads(out.strip().splitlines()[-1])
 
 

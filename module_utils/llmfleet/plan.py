@@ -18,7 +18,7 @@ def node_plan(spec: Mapping, node_rank: int) -> dict[str, Any]:
     rank = int(node_rank)
     argv = render_argv(spec, rank)
     nnodes = 1 if spec["profile"] == "vllm_pd" else int(spec.get("nnodes") or 1)
-    rpn = check_layout(int(spec.get("tp") or 1), int(spec.get("pp") or 1), nnodes)
+    rpn = check_layout(int(spec.get("tp") or 1), int(spec.get("pp") or 1), nnodes, int(spec.get("gpus_per_node") or 0))
     threads = spec.get("loader_threads") or None
     return {
         "argv": argv,

@@ -250,7 +250,7 @@ def _gpu_count_rows(measurements: dict[str, dict[str, Any]], cfg: dict[str, Any]
         if c == 0:
             rows.append(_row("gpu_count", n, c, missing, f"no NVIDIA GPU{why}"))
         elif want and c != want:
-            rows.append(_row("gpu_count", n, c, FAIL, f"expected {want} GPUs (preflight_gpus_per_node)"))
+            rows.append(_row("gpu_count", n, c, FAIL, f"expected {want} GPUs (llmfleet_gpus_per_node)"))
         else:
             rows.append(_row("gpu_count", n, c, PASS))
     if not want:
@@ -273,7 +273,15 @@ def evaluate(measurements: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> li
     for key in ("gpu_models", "driver_version", "cuda_version"):
         rows += _consistent(key, col(key), missing=missing, why=why)
     if cfg.get("engine_python"):
-        rows += _consistent("nccl_version", col("nccl_version"))
+        nccl = col("nccl_version")
+        # The same error on every node is consistent, but it is no NCCL version: fail it.
+        broken = {n: v for n, v in nccl.items() if isinstance(v, str) and v.startswith("error:")}
+        rows += _consistent("nccl_version", {n: v for n, v in nccl.items() if n not in broken})
+        fix = (
+            f"{cfg['engine_python']} cannot report torch's NCCL version: "
+            "set llmfleet_engine_python to the engine's venv"
+        )
+        rows += [_row("nccl_version", n, v, FAIL, fix) for n, v in sorted(broken.items())]
     for n in nodes:
         rows += _node_checks(n, measurements[n], cfg)
     rows += _consistent("hca_active_ports", col("hca_active_ports"), missing=WARN)

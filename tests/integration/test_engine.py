@@ -15,7 +15,7 @@ from tests.integration.conftest import run_ansible, ssh
 
 NODES = ["node1", "node2"]
 LIMIT = ["--limit", ",".join(NODES)]
-BASE = ["-e", "engine_pp_size=2", "-e", "engine_ready_deadline=120"]
+BASE = ["-e", "llmfleet_pp_size=2", "-e", "engine_ready_deadline=120"]
 UNIT = "llmfleet-demo.service"
 
 

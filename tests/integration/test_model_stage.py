@@ -10,6 +10,7 @@ import time
 import pytest
 
 from llmfleet import checkpoint, lease
+from llmfleet.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
 from tests.integration.conftest import LAB_NODES, ROOT, ansible_env, run_ansible, ssh
 
@@ -23,7 +24,7 @@ def stage_args(tmp_path, model, revision, **extra):
         "model_stage_model": model,
         "model_stage_revision": revision,
         "model_stage_source": f"/mnt/shared/{model}",
-        "model_stage_report_dir": str(tmp_path),
+        "llmfleet_report_dir": str(tmp_path),
         **extra,
     }
     return ["ansible-playbook", "playbooks/model_stage.yml", "-e", json.dumps(ev)]
@@ -84,7 +85,7 @@ def _progress(lab, node, model, revision):
 def test_kill_9_mid_copy_then_resume(lab, tmp_path):
     model, revision = "resume", rev("resume")
     fresh_model(lab, model, shards=8, tensors_per_shard=4, shape=(512, 256))  # 8 MiB
-    total = checkpoint.build_manifest(str(lab.shared / model))["total_bytes"]
+    total = build_manifest(str(lab.shared / model))["total_bytes"]
     slow = stage_args(tmp_path, model, revision, model_stage_rate_limit_mib_s=1, model_stage_threads=1)
     proc = subprocess.Popen(
         slow, cwd=ROOT, env=ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True

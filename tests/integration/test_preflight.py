@@ -10,7 +10,7 @@ DRIVER = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {v}  Thu Oct 30 2026\n
 
 
 def preflight(tmp_path, *extra):
-    cp = run_ansible("ansible-playbook", "playbooks/preflight.yml", "-e", f"preflight_report_dir={tmp_path}", *extra,
+    cp = run_ansible("ansible-playbook", "playbooks/preflight.yml", "-e", f"llmfleet_report_dir={tmp_path}", *extra,
                      check=False)  # fmt: skip
     report = json.loads((tmp_path / "preflight.json").read_text())
     return cp, report

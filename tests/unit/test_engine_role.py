@@ -51,23 +51,27 @@ PLAY = """
         _engine_exec_args: "{{ ['exec'] + _engine_secret_args + ['--'] + _engine_plan.argv }}"
 """
 BASE_VARS = {
-    "engine_deployment": "demo",
+    "llmfleet_deployment": "demo",
     "engine_model_path": "/mnt/nvme/models/m/current",
     "engine_served_model_name": "m",
-    "engine_tp_size": 1,
+    "llmfleet_tp_size": 1,
     "ansible_host": "127.0.0.1",
 }
 
 
 def play(tmp_path, **extra):
     (tmp_path / "play.yml").write_text(PLAY)
+    # localhost as the fleet's one node and head: the fleet contract (a dependency of the role) checks that.
+    (tmp_path / "inventory.yml").write_text(
+        "all: {children: {llmfleet_nodes: {children: {head: {hosts: {localhost: {llmfleet_fabric_ip: 127.0.0.1}}}}}}}\n"
+    )
     bindir = os.path.dirname(sys.executable)
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{bindir}:{os.environ['PATH']}",
            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp")}  # fmt: skip
     extra_vars = {**BASE_VARS, "out_dir": str(tmp_path), "role_dir": str(ROLE),
                   "ansible_python_interpreter": sys.executable, **extra}  # fmt: skip
     cp = subprocess.run(
-        [f"{bindir}/ansible-playbook", "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml"),
+        [f"{bindir}/ansible-playbook", "-i", str(tmp_path / "inventory.yml"), "-c", "local", str(tmp_path / "play.yml"),
          "-e", json.dumps(extra_vars)],
         capture_output=True, text=True, check=False, timeout=180, cwd=ROOT, env=env,
     )  # fmt: skip
@@ -111,7 +115,7 @@ def test_argument_validation_never_shows_the_key():
 
     opts = spec()
     given = {k: o["default"] for k, o in opts.items() if "default" in o}
-    given.update(engine_deployment="demo", engine_model_path="/m", engine_served_model_name="m")
+    given.update(engine_model_path="/m", engine_served_model_name="m")
     given.update(engine_api_key=KEY, engine_secret_env={"HF_TOKEN": HF}, engine_profile="bogus")
     res = ArgumentSpecValidator(opts).validate(given, validate_role_argument_spec=True)
     # Ansible masks these values in everything it prints for the validation task.
@@ -237,7 +241,7 @@ def test_vllm_gets_the_key_as_an_environment_variable(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: runs the privileged ExecStartPre")
 def test_exec_start_pre_copy_never_writes_as_root_into_the_runtime_directory(tmp_path, request):
     rc, out, d = play(tmp_path, engine_api_key=KEY, engine_secret_env={"HF_TOKEN": HF},
-                      engine_credential_via="exec_start_pre", engine_user="nobody", engine_group="nogroup")  # fmt: skip
+                      engine_credential_via="exec_start_pre", llmfleet_user="nobody", llmfleet_group="nogroup")  # fmt: skip
     assert rc == 0, out[-3000:]
     unit = results(d)[1]
     assert KEY not in unit and HF not in unit

@@ -8,6 +8,8 @@ from llmfleet_filters import (
     llmfleet_collcheck_verdict,
     llmfleet_duplicates,
     llmfleet_engine_plan,
+    llmfleet_layout_error,
+    llmfleet_node_order,
     llmfleet_pair_rounds,
 )
 
@@ -43,6 +45,8 @@ def test_every_filter_name_is_registered():
         "llmfleet_engine_plan",
         "llmfleet_gate_groups",
         "llmfleet_gpu_model",
+        "llmfleet_layout_error",
+        "llmfleet_node_order",
         "llmfleet_pair_rounds",
         "llmfleet_pick",
         "llmfleet_ssh_argv",
@@ -65,3 +69,37 @@ def test_engine_plan_is_the_packages_and_plan_errors_are_filter_errors():
     assert llmfleet_engine_plan(spec, 0) == node_plan(spec, 0)
     with pytest.raises(AnsibleFilterError, match=r"TP3 x PP1 = 3 ranks cannot be split evenly over 2 nodes"):
         llmfleet_engine_plan({**spec, "tp": 3, "nnodes": 2, "head_addr": "10.0.0.1", "dist_port": 1}, 0)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "heads", "expected"),
+    [
+        (["n1", "n2", "n3"], ["n1"], ["n1", "n2", "n3"]),
+        (["n1", "n2", "n3"], ["n3"], ["n3", "n1", "n2"]),  # head first, the others keep play order
+        (["n1", "n2"], ["n9"], ["n1", "n2"]),  # a head outside the play (--limit) is not added
+        (["n1", "n2"], [], ["n1", "n2"]),
+    ],
+)
+def test_node_order_is_head_first(hosts, heads, expected):
+    assert llmfleet_node_order(hosts, heads) == expected
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "nnodes", "gpus", "text"),
+    [
+        (8, 4, 4, 8, ""),
+        (2, 2, 2, 2, ""),
+        (4, 1, 1, 8, ""),  # fewer ranks than GPUs: a GPU subset is placeable
+        (8, 4, 3, 8, "32 ranks cannot be split evenly over 3 nodes"),
+        (8, 2, 1, 8, "16 ranks per node, but llmfleet_gpus_per_node=8"),
+        (0, 1, 1, 8, "llmfleet_tp_size=0"),
+        ("x", 1, 1, 8, "invalid literal"),
+    ],
+)
+def test_layout_error_is_the_engine_plans_rule(tp, pp, nnodes, gpus, text):
+    got = llmfleet_layout_error(tp, pp, nnodes, gpus)
+    assert (text in got) if text else got == ""
+    if not text:  # what validation accepts, the engine plan accepts
+        from llmfleet.engine import check_layout
+
+        assert check_layout(tp, pp, nnodes, gpus) == tp * pp // nnodes

@@ -137,4 +137,14 @@ def test_a_wrong_gpu_count_names_the_variable_the_role_reads():
     fleet = {n: node(gpu_count=c) for n, c in (("a", 8), ("b", 4))}
     rows = preflight.evaluate(fleet, {**CFG, "gpus_per_node": 8})
     (bad,) = [r for r in rows if r["check"] == "gpu_count" and r["status"] == "fail"]
-    assert bad["node"] == "b" and "preflight_gpus_per_node" in bad["message"]
+    assert bad["node"] == "b" and "llmfleet_gpus_per_node" in bad["message"]
+
+
+def test_the_same_nccl_error_on_every_node_fails():
+    # A python without torch (or a CPU torch) gives the same error everywhere: consistent, but no
+    # NCCL version. This passed before: an identical error string counted as agreement.
+    err = "error: ModuleNotFoundError: No module named 'torch'"
+    rows, s = judge(**{n: {"nccl_version": err} for n in FLEET})
+    assert s["status"] == "fail" and s["failed_nodes"] == sorted(FLEET)
+    bad = [r for r in rows if r["check"] == "nccl_version"]
+    assert len(bad) == 4 and all(r["status"] == "fail" and "llmfleet_engine_python" in r["message"] for r in bad)

@@ -12,7 +12,7 @@ ROLES = sorted(p for p in (ROOT / "roles").iterdir() if p.is_dir())
 
 
 def test_there_are_roles():
-    assert {r.name for r in ROLES} >= {"base", "validate", "report"}
+    assert {r.name for r in ROLES} >= {"llmfleet", "base", "report"}
 
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
@@ -125,12 +125,27 @@ def spec_of(role_name):
     ]
 
 
+def rendered(value):
+    """A default as ansible validates it: templated first, here against the fleet contract's defaults
+    (every role depends on roles/llmfleet)."""
+    import jinja2
+
+    ctx = {"playbook_dir": "/ops/playbooks", "role_path": "/ops/roles/x"}
+    ctx.update(yaml.safe_load((ROOT / "roles/llmfleet/defaults/main.yml").read_text()))
+    for _ in range(3):
+        if not (isinstance(value, str) and "{{" in value):
+            break
+        value = jinja2.Template(value).render(ctx)
+    return value
+
+
 def validate(role_name, values):
     """Error messages of ansible's role argument validation (what runs first when a role starts)."""
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
     spec = spec_of(role_name)["options"]
-    given = yaml.safe_load((ROOT / "roles" / role_name / "defaults/main.yml").read_text()) or {}
+    defaults = yaml.safe_load((ROOT / "roles" / role_name / "defaults/main.yml").read_text()) or {}
+    given = {k: rendered(v) for k, v in defaults.items()}
     for name, opt in spec.items():
         if opt.get("required"):
             given.setdefault(name, (opt.get("choices") or [SAMPLE[opt.get("type", "str")]])[0])
@@ -193,6 +208,16 @@ PLAYBOOK = """
   roles:
     - role: "{{ role_under_test }}"
 """
+# One node, the head: the fleet contract's layout checks pass, so each case fails on its own variable.
+INVENTORY = """
+all:
+  children:
+    llmfleet_nodes:
+      children:
+        head:
+          hosts:
+            localhost: {llmfleet_fabric_ip: 127.0.0.1}
+"""
 STAGE_REQUIRED = {"model_stage_model": "m", "model_stage_revision": "c" * 40, "model_stage_source": "/nonexistent"}
 RANGES = [
     # (role, extra vars, text of the failure)
@@ -207,7 +232,9 @@ RANGES = [
     ("nccl_check", {"nccl_check_backend": "mpi"}, "value of nccl_check_backend must be one of: nccl, gloo, got: mpi"),
     ("preflight", {"preflight_ports": [0, 29500]}, "preflight_ports=[0, 29500]: 0 is not a TCP port (1-65535)"),
     ("preflight", {"preflight_max_clock_offset_s": 0}, "preflight_max_clock_offset_s=0 is out of range: it must be > 0"),
-    ("preflight", {"preflight_gpus_per_node": -8}, "preflight_gpus_per_node=-8 is out of range: it must be >= 0"),
+    ("llmfleet", {"llmfleet_gpus_per_node": -8}, "llmfleet_gpus_per_node=-8 is out of range: it must be >= 1"),
+    ("llmfleet", {"llmfleet_tp_size": 8, "llmfleet_pp_size": 2}, "over 1 nodes = 16 ranks per node, but llmfleet_gpus_per_node=8"),
+    ("llmfleet", {"model_stage_revision": "main"}, "model_stage_revision=main is not a 40-hex commit id"),
 ]  # fmt: skip
 
 
@@ -221,19 +248,52 @@ def test_out_of_range_variables_fail_before_the_role_does_anything(tmp_path, rol
     import sys
 
     (tmp_path / "play.yml").write_text(PLAYBOOK)
+    (tmp_path / "inventory.yml").write_text(INVENTORY)
     bindir = os.path.dirname(sys.executable)
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{bindir}:{os.environ['PATH']}",
            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp")}  # fmt: skip
     cp = subprocess.run(
-        [f"{bindir}/ansible-playbook", "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml"),
+        [f"{bindir}/ansible-playbook", "-i", str(tmp_path / "inventory.yml"), "-c", "local", str(tmp_path / "play.yml"),
          "-e", json.dumps({"role_under_test": role, **extra})],
         capture_output=True, text=True, check=False, timeout=120, cwd=ROOT, env=env,
     )  # fmt: skip
     out = " ".join((cp.stdout + cp.stderr).split())  # the callback folds long messages
     assert cp.returncode == 2, out
     assert text in out, out
-    # the role stopped at its first tasks: ansible's argument validation or the role's own validate file
+    # the role stopped at its first tasks: ansible's argument validation, the role's own validate file or
+    # the fleet contract's checks (roles/llmfleet, which every role runs first)
     assert "Validation of arguments failed" in out or re.search(
-        rf"Origin: \S+/roles/{role}/tasks/(0005|0010)-validate\.yml", out
+        rf"Origin: \S+/roles/({role}/tasks/(0005|0010)-validate|llmfleet/tasks/00\d0-\w+)\.yml", out
     )
     assert "changed=0" in out and "Traceback" not in out
+
+
+# ---- the fleet contract -----------------------------------------------------------------------------
+
+# llmfleet_* names that are not contract variables: per-host inventory facts, facts set by modules,
+# result fields, the node group's default name, filters and modules (their names share the prefix).
+NOT_CONTRACT = {"llmfleet_fabric_ip", "llmfleet_lab", "llmfleet_topology", "llmfleet_nodes", "llmfleet_version"}
+
+
+def test_every_shared_variable_a_role_reads_is_declared_once_by_the_contract():
+    contract = set(spec_of("llmfleet")["options"])
+    text = (ROOT / "filter_plugins/llmfleet_filters.py").read_text()
+    filters = set(re.findall(r'"(llmfleet_\w+)": ', text))
+    modules = {p.stem for p in (ROOT / "library").glob("llmfleet_*.py")}
+    used = set()
+    for f in (
+        list((ROOT / "roles").rglob("*.yml"))
+        + list((ROOT / "roles").rglob("*.j2"))
+        + list((ROOT / "playbooks").glob("*.yml"))
+    ):
+        if "molecule" in f.parts:
+            continue
+        used |= set(re.findall(r"\b(llmfleet_\w+)\b", f.read_text()))
+    undeclared = used - contract - filters - modules - NOT_CONTRACT
+    assert not undeclared, (
+        f"llmfleet_* variables read by roles but not declared in roles/llmfleet: {sorted(undeclared)}"
+    )
+    # Declared once: no other role declares a contract variable (their options carry their own prefix).
+    for role in ROLES:
+        if role.name != "llmfleet":
+            assert not contract & set(spec_of(role.name)["options"]), role.name

@@ -81,4 +81,4 @@ def test_a_python_that_cannot_start_is_a_failure(monkeypatch, tmp_path):
     monkeypatch.setattr(mod, "run_node_ranks", Recorder(raises=FileNotFoundError(2, "No such file or directory")))
     msg = fail(mod, base(tmp_path))["msg"]
     assert msg.startswith("cannot start the collective-check ranks with /opt/engine/bin/python:")
-    assert "check nccl_check_python" in msg
+    assert "check llmfleet_engine_python" in msg
