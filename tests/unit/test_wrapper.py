@@ -1,5 +1,6 @@
 """`llmfleet exec`: real wrapper processes around small sh/python children (every wait has a deadline)."""
 
+import ast
 import json
 import os
 import queue
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import engine, wrapper
+from llmfleet import engine, logobserver, wrapper
 from llmfleet.wrapper import PHASES, decide, oom_counter_file, pids_in_group, rank_of, rotate, unit_of
 
 PY = sys.executable
@@ -936,3 +937,26 @@ def test_llmfleet_help_lists_exec(capsys):
 
     assert cli.main([]) == 2
     assert "exec" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Module layout
+
+
+def _siblings(path):
+    """The package modules one file imports (`from .x import y`)."""
+    return {n.module for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom) and n.level == 1}
+
+
+def test_the_wrapper_parts_stand_alone_and_wrapper_py_composes_them():
+    pkg = Path(wrapper.__file__).parent
+    graph = {p.stem: _siblings(p) for p in [*pkg.glob("wrapper_*.py"), pkg / "logobserver.py"]}
+    parts = set(graph)
+    assert parts == {"logobserver", "wrapper_cgroup", "wrapper_notify", "wrapper_process", "wrapper_pump",
+                     "wrapper_record", "wrapper_secrets"}  # fmt: skip
+    assert graph.pop("wrapper_record") == {"logobserver", "wrapper_cgroup", "wrapper_process"}
+    assert all(imports == set() for imports in graph.values()), graph  # each part needs no other part
+    assert _siblings(pkg / "wrapper.py") == parts
+    # The names wrapper.py always had stay importable from it (cli, gate and the tests import them there).
+    assert all(hasattr(wrapper, name) for name in wrapper.__all__)
+    assert wrapper.PHASES is logobserver.PHASES and wrapper.LogObserver is logobserver.LogObserver

@@ -1,0 +1,138 @@
+"""The engine's process group under ``llmfleet exec``: start it in its own session, forward stop signals, SIGKILL
+it past the stop deadline, reap the child, and kill what is left of the group.
+
+Stdlib only, Python >= 3.8 (copied to nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+LEFTOVER_WAIT_S = 2.0
+POLL_S = 0.05
+
+
+def signal_name(sig: int | None) -> str | None:
+    if sig is None:
+        return None
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def pids_in_group(pgid: int, proc: str = "/proc") -> list[int]:
+    """Live (not zombie) pids whose process group is pgid."""
+    out = []
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, name, "stat"), "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()  # comm may contain spaces and ')'
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            out.append(int(name))
+    return out
+
+
+def how_it_ended(status: int) -> tuple[int | None, int | None, bool]:
+    """(exit code, signal, core dumped) of a waitpid status."""
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    return exit_code, sig, bool(sig is not None and os.WCOREDUMP(status))
+
+
+class EngineProcess:
+    """The engine's process group and the stop requests made to it.
+
+    on_stop runs once in the main thread when a stop request is first seen (after the deadline is set)."""
+
+    def __init__(self, stop_timeout: float, on_stop: Callable[[], None]) -> None:
+        self.stop_timeout = stop_timeout
+        self.on_stop = on_stop
+        self.proc: subprocess.Popen | None = None
+        self.pid: int | None = None
+        self.pending_signals: list[int] = []
+        self.stop_requested = False
+        self.stop_signal: int | None = None
+        self.stop_requested_at: float | None = None
+        self.killed_after_timeout = False
+        self.stop_deadline: float | None = None
+
+    def forward_signals(self) -> None:
+        for sig in FORWARDED_SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    # The handler runs in the main thread between bytecodes: no locks, no I/O but kill.
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.pid is None:
+            self.pending_signals.append(signum)
+        else:
+            _killpg(self.pid, signum)
+        if signum in STOP_SIGNALS and not self.stop_requested:
+            self.stop_signal = signum
+            self.stop_requested_at = time.time()
+            self.stop_requested = True
+
+    def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        """Popen in a new session with both streams piped (OSError when argv[0] cannot be executed); a signal
+        that arrived before is forwarded now."""
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env, bufsize=0
+        )
+        self.proc, self.pid = proc, proc.pid
+        pending, self.pending_signals = self.pending_signals, []
+        for sig in pending:
+            _killpg(proc.pid, sig)
+        return proc
+
+    def wait(self) -> int:
+        """Poll the child (a blocking waitpid could not also watch the stop deadline) and act on stop requests."""
+        pid = self.pid
+        while True:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            self._stop_bookkeeping()  # also when the child died of the forwarded signal at once
+            if got == pid:
+                self.proc.returncode = -1  # reaped with os.waitpid: keep Popen from reaping or warning
+                return status
+            if self.stop_deadline is not None and not self.killed_after_timeout:
+                if time.monotonic() >= self.stop_deadline:
+                    self.killed_after_timeout = True
+                    _killpg(pid, signal.SIGKILL)
+            time.sleep(POLL_S)
+
+    def _stop_bookkeeping(self) -> None:
+        if self.stop_requested and self.stop_deadline is None:
+            self.stop_deadline = time.monotonic() + self.stop_timeout
+            self.on_stop()
+
+    def kill_leftovers(self) -> int:
+        """Orphaned ranks must never keep running (and holding GPUs): SIGKILL what is left of the group."""
+        pgid = self.pid
+        left = pids_in_group(pgid)
+        _killpg(pgid, signal.SIGKILL)
+        end = time.monotonic() + LEFTOVER_WAIT_S
+        while left and pids_in_group(pgid) and time.monotonic() < end:
+            time.sleep(0.02)
+        return len(left)
