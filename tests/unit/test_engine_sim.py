@@ -1,6 +1,7 @@
-"""The lab's engine simulator (tests/lab/engine_sim.py): CLI, deterministic answers, fault specs, and
-real gloo worlds of node main processes on 127.0.0.1 through the sim-bin shims. Every node main runs
-in its own process group (its ranks too), killed in teardown whatever happened."""
+"""The lab's engine simulator (the package tests/lab/engine_sim/, run as tests/lab/engine_sim.py): CLI,
+deterministic answers, fault specs, and real gloo worlds of node main processes on 127.0.0.1 through the
+sim-bin shims. Every node main runs in its own process group (its ranks too), killed in teardown whatever
+happened."""
 
 import contextlib
 import http.client
@@ -18,7 +19,7 @@ import pytest
 
 from llmfleet import engine, wrapper
 from tests.helpers.ckpt import make_checkpoint
-from tests.lab import engine_sim as sim
+from tests.lab.engine_sim import answers, checkpoint, faults
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "tests" / "lab" / "sim-bin"
@@ -167,32 +168,34 @@ def wait_healthy(port, nodes, timeout=60, path="/health"):
 @pytest.mark.parametrize(
     ("text", "answer"),
     [(Q_ZH, "703"), (Q_EN, "703"), ("37 x 19", "703"), ("12*-3=", "-36"), ("Reply with exactly PONG.", "PONG"),
-     ("只回答 OK。", "OK"), ("say exactly: “ready”", "ready"), ("hello", sim.FIXED_ANSWER)],
+     ("只回答 OK。", "OK"), ("say exactly: “ready”", "ready"), ("hello", answers.FIXED_ANSWER)],
 )  # fmt: skip
 def test_deterministic_answers(text, answer):
-    assert sim.answer_for(text) == answer
+    assert answers.answer_for(text) == answer
 
 
 def test_chat_generation_thinking_tools_and_length():
     cfg = {"flavour": "vllm", "context": 4096, "reasoning_parser": "qwen3", "tool_parser": "hermes", "auto_tool": True}
-    g = sim.chat_gen(chat(Q_EN), cfg)
+    g = answers.chat_gen(chat(Q_EN), cfg)
     assert g.content == "703" and g.reasoning and g.finish == "stop"
-    assert g.completion_tokens == sim.ntokens(g.reasoning) + 1 and g.prompt_tokens > sim.ntokens(Q_EN)
-    off = sim.chat_gen(chat(Q_EN, chat_template_kwargs={"enable_thinking": False}), cfg)
+    assert g.completion_tokens == answers.ntokens(g.reasoning) + 1 and g.prompt_tokens > answers.ntokens(Q_EN)
+    off = answers.chat_gen(chat(Q_EN, chat_template_kwargs={"enable_thinking": False}), cfg)
     assert off.content == "703" and off.reasoning is None and off.completion_tokens == 1
-    short = sim.chat_gen(chat(Q_EN, max_tokens=3), cfg)
+    short = answers.chat_gen(chat(Q_EN, max_tokens=3), cfg)
     assert short.finish == "length" and short.content is None and short.completion_tokens == 3
-    inline = sim.chat_gen(chat(Q_EN, chat_template_kwargs={"enable_thinking": True}), {**cfg, "reasoning_parser": None})
+    inline = answers.chat_gen(
+        chat(Q_EN, chat_template_kwargs={"enable_thinking": True}), {**cfg, "reasoning_parser": None}
+    )
     assert inline.content.startswith("<think>\n") and inline.content.endswith("</think>\n\n703")
-    call_ = sim.chat_gen(chat("Use get_weather for the capital of France", tools=WEATHER), cfg)
+    call_ = answers.chat_gen(chat("Use get_weather for the capital of France", tools=WEATHER), cfg)
     assert call_.finish == "tool_calls" and call_.content is None
     assert json.loads(call_.tool_calls[0]["function"]["arguments"]) == {"location": "Paris", "unit": "celsius"}
-    assert sim.chat_gen(chat("Use get_weather", tools=WEATHER, tool_choice="none"), cfg).tool_calls == []
-    with pytest.raises(sim.RequestError, match="enable-auto-tool-choice"):
-        sim.chat_gen(chat("Use get_weather", tools=WEATHER), {**cfg, "auto_tool": False})
-    with pytest.raises(sim.RequestError, match="maximum context length is 4096"):
-        sim.chat_gen(chat("hi", max_tokens=5000), cfg)
-    assert sim.completion_gen({"prompt": "37*19="}, cfg).content == "703"
+    assert answers.chat_gen(chat("Use get_weather", tools=WEATHER, tool_choice="none"), cfg).tool_calls == []
+    with pytest.raises(answers.RequestError, match="enable-auto-tool-choice"):
+        answers.chat_gen(chat("Use get_weather", tools=WEATHER), {**cfg, "auto_tool": False})
+    with pytest.raises(answers.RequestError, match="maximum context length is 4096"):
+        answers.chat_gen(chat("hi", max_tokens=5000), cfg)
+    assert answers.completion_gen({"prompt": "37*19="}, cfg).content == "703"
 
 
 @pytest.mark.parametrize(
@@ -201,7 +204,7 @@ def test_chat_generation_thinking_tools_and_length():
      "slow_load:seconds=3", "slow_load:seconds=1:rank=1:once", "no_done", "no_done:once"],
 )  # fmt: skip
 def test_fault_specs_parse(spec):
-    f = sim.parse_fault(spec, world=4)
+    f = faults.parse_fault(spec, world=4)
     assert f.spec == spec and f.once == spec.endswith(":once")
 
 
@@ -214,13 +217,13 @@ def test_fault_specs_parse(spec):
      ("no_done:rank=1", "not valid for no_done"), ("crash:rank=0:rank=1:phase=load", "twice")],
 )  # fmt: skip
 def test_bad_fault_specs_are_named(spec, why):
-    with pytest.raises(sim.FaultSpecError, match=re.escape(why)) as e:
-        sim.parse_fault(spec, world=4)
+    with pytest.raises(faults.FaultSpecError, match=re.escape(why)) as e:
+        faults.parse_fault(spec, world=4)
     assert repr(spec) in str(e.value)
 
 
 def test_once_marker_is_sha1_of_the_spec(tmp_path):
-    f = sim.parse_fault("crash:rank=0:phase=start:once")
+    f = faults.parse_fault("crash:rank=0:phase=start:once")
     import hashlib
 
     assert f.marker(str(tmp_path)) == tmp_path / f"fault-{hashlib.sha1(f.spec.encode()).hexdigest()}.done"  # noqa: S324
@@ -230,12 +233,12 @@ def test_once_marker_is_sha1_of_the_spec(tmp_path):
 def test_rank_shares_partition_the_checkpoint(tp, pp, layers):
     names = [f"model.layers.{n}.w{i}.weight" for n in range(layers) for i in range(3)]
     names += ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
-    shares = [sim.plan_share(names, layers, tp, pp, g % tp, g // tp) for g in range(tp * pp)]
+    shares = [checkpoint.plan_share(names, layers, tp, pp, g % tp, g // tp) for g in range(tp * pp)]
     assert sorted(n for s in shares for n in s) == sorted(names)  # every tensor, exactly once
     assert "model.embed_tokens.weight" in set().union(*shares[:tp])  # stage 0
     assert "lm_head.weight" in set().union(*shares[-tp:])  # last stage
     for g, share in enumerate(shares):
-        stages = {sim.tensor_stage(n, layers, pp) for n in share}
+        stages = {checkpoint.tensor_stage(n, layers, pp) for n in share}
         assert stages <= {g // tp}
 
 
@@ -562,7 +565,7 @@ def test_once_fault_fires_once_and_slow_load_prints_progress(lab):
     first = lab("sglang", args, "first", **env)
     assert first.wait(20) == -signal.SIGKILL
     assert "Child process unexpectedly failed with exitcode=4." in first.out
-    assert sim.parse_fault(spec).marker(str(lab.state)).exists()
+    assert faults.parse_fault(spec).marker(str(lab.state)).exists()
     second = lab("sglang", args, "second", **env)
     wait_healthy(port, [second])
     assert "already fired once" in second.out and "injected fault" not in second.out
