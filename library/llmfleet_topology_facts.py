@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: llmfleet_fabric_facts
+module: llmfleet_topology_facts
 short_description: Discover GPU/HCA/GID/NUMA topology and the NCCL/Gloo/UCX environment for this node
 description:
   - Reads sysfs (GPUs by PCI class, HCAs, ports, GID tables, netdevs, NUMA) and NVML when pynvml is importable
@@ -55,7 +55,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Discover the fabric
-  llmfleet_fabric_facts:
+  llmfleet_topology_facts:
     node_ip: "{{ llmfleet_fabric_ip }}"
 
 - name: Show the NCCL interface

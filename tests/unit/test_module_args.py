@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-import llmfleet_fabric_facts
+import llmfleet_topology_facts
 import llmfleet_model_manifest
 import llmfleet_model_stage
 from tests.unit.module_utils import AnsibleExitJson, AnsibleFailJson, set_module_args
@@ -74,14 +74,14 @@ FABRIC_BAD = [
 
 
 @pytest.mark.parametrize(("args", "text"), FABRIC_BAD)
-def test_llmfleet_fabric_facts_refuses_malformed_overrides(module_exits, tmp_path, args, text):
+def test_llmfleet_topology_facts_refuses_malformed_overrides(module_exits, tmp_path, args, text):
     with set_module_args({"sysfs_root": str(tmp_path), "use_nvml": False, **args}), pytest.raises(AnsibleFailJson) as e:
-        llmfleet_fabric_facts.main()
+        llmfleet_topology_facts.main()
     assert text in e.value.args[0]["msg"]
 
 
-def test_llmfleet_fabric_facts_in_range_still_works(module_exits, tmp_path):
+def test_llmfleet_topology_facts_in_range_still_works(module_exits, tmp_path):
     with set_module_args({"sysfs_root": str(tmp_path), "use_nvml": False, "extra_env": {"NCCL_NVLS_ENABLE": 0}}), \
             pytest.raises(AnsibleExitJson) as e:  # fmt: skip
-        llmfleet_fabric_facts.main()
+        llmfleet_topology_facts.main()
     assert e.value.args[0]["env"]["NCCL_NVLS_ENABLE"] == "0"

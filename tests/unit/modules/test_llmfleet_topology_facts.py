@@ -1,9 +1,9 @@
-"""llmfleet_fabric_facts: options -> topology.report; its result -> ansible_facts.llmfleet_topology."""
+"""llmfleet_topology_facts: options -> topology.report; its result -> ansible_facts.llmfleet_topology."""
 
 import pytest
 from ansible.module_utils.llmfleet.topology import OverrideError, TopologyError
 
-import llmfleet_fabric_facts as mod
+import llmfleet_topology_facts as mod
 from tests.unit.modules.util import Recorder, fail, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")
