@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-import llmfleet_topology_facts
 import llmfleet_model_manifest
 import llmfleet_model_stage
+import llmfleet_topology_facts
 from tests.unit.module_utils import AnsibleExitJson, AnsibleFailJson, set_module_args
 
 REV = "c" * 40
