@@ -83,6 +83,18 @@ def llmfleet_engine_plan(spec: Mapping, node_rank: int) -> dict:
         raise AnsibleFilterError(str(e)) from e
 
 
+def llmfleet_router_plan(spec: Mapping) -> dict:
+    """vllm_pd: the P/D router's unit on the head (argv, ExecStart line, READY rule, the instances it
+    routes to). Errors name the variable to fix."""
+    from llmfleet.engine import PlanError
+    from llmfleet.plan import router_plan
+
+    try:
+        return router_plan(spec)
+    except PlanError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
 def llmfleet_systemd_line(argv: list) -> str:
     """ExecStart words for argv (quoted for systemd, % and $ escaped)."""
     from llmfleet.engine import systemd_command_line
@@ -115,6 +127,20 @@ def llmfleet_gate_groups(hostvars: Mapping, nodes: list, separate: bool = False)
     return [[dict(r, rank=0)] for r in rows] if separate else [rows]
 
 
+def llmfleet_pd_gate_nodes(hostvars: Mapping, nodes: list) -> list:
+    """vllm_pd readiness gate: every node in node-rank order with its own API as the ops host reaches it
+    and its role, [{name, rank, ssh, api_base, pd_role}] (from the engine role's per-host
+    _engine_pd_instance fact: {name, role, url, api_base})."""
+    rows = []
+    for i, n in enumerate(nodes):
+        inst = hostvars[n].get("_engine_pd_instance") or {}
+        if not inst.get("api_base") or inst.get("role") not in ("prefill", "decode"):
+            raise AnsibleFilterError(f"{n}: no P/D instance planned (engine_pd_role prefill|decode and the plan tasks)")
+        rows.append({"name": n, "rank": i, "ssh": llmfleet_ssh_argv(hostvars[n], n),
+                     "api_base": inst["api_base"], "pd_role": inst["role"]})  # fmt: skip
+    return rows
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -130,4 +156,6 @@ class FilterModule:
             "llmfleet_ssh_argv": llmfleet_ssh_argv,
             "llmfleet_cache_env": llmfleet_cache_env,
             "llmfleet_gate_groups": llmfleet_gate_groups,
+            "llmfleet_router_plan": llmfleet_router_plan,
+            "llmfleet_pd_gate_nodes": llmfleet_pd_gate_nodes,
         }

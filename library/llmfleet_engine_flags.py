@@ -22,9 +22,11 @@ options:
     elements: str
     required: true
   profile:
-    description: Which help flag to pass and how the engine reads argv (the engine role's C(engine_profile)).
+    description:
+      - Which help flag to pass and how the engine reads argv (the engine role's C(engine_profile)).
+      - C(router) is vLLM's P/D router (C(vllm-router --help)); its flags must be spelled out exactly.
     type: str
-    choices: [sglang, vllm, vllm_pd, custom]
+    choices: [sglang, vllm, vllm_pd, custom, router]
     required: true
   argv:
     description: The full command line the unit will run.
@@ -53,6 +55,12 @@ EXAMPLES = r"""
     command: [sglang, serve]
     profile: sglang
     argv: [sglang, serve, --model-path, /m, --tp-size, "8"]
+
+- name: Check the P/D router's flags against vllm-router --help
+  llmfleet_engine_flags:
+    command: [/opt/vllm/bin/vllm-router]
+    profile: router
+    argv: [/opt/vllm/bin/vllm-router, --vllm-pd-disaggregation, --prefill, "http://10.0.0.11:8000", --decode, "http://10.0.0.12:8000"]
 """
 
 RETURN = r"""
@@ -78,7 +86,7 @@ def argument_spec() -> dict:
     """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
     return {
         "command": {"type": "list", "elements": "str", "required": True},
-        "profile": {"type": "str", "choices": ["sglang", "vllm", "vllm_pd", "custom"], "required": True},
+        "profile": {"type": "str", "choices": ["sglang", "vllm", "vllm_pd", "custom", "router"], "required": True},
         "argv": {"type": "list", "elements": "str", "required": True},
         "timeout": {"type": "float", "default": 300},
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/python
-"""Ansible module (run on the ops host): readiness gate of a multi-node engine; on failure, ordered
-stop of every node and the first failed node/rank with its termination record and journal tail."""
+"""Ansible module (run on the ops host): readiness gate of a multi-node engine (or of a vLLM P/D
+deployment through its router, with proof that the KV cache moved); on failure, ordered stop of every
+node and the first failed node/rank with its termination record and journal tail."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ description:
     timeline per node.
   - If a unit fails or I(deadline) passes, stops the head first and then the workers, and fails naming the
     first node (and rank) that failed, with its termination record and journal tail.
+  - With I(router) (vLLM prefill/decode disaggregation) every node is an instance of its own (I(nodes[].api_base),
+    I(nodes[].pd_role)) and the router a unit on the head; each instance must answer alone, then the question goes
+    through the router at I(api_base), and the decode instances' C(/metrics), read just before and after, must show
+    C(vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}) rising. An answer computed by the decode
+    instance itself (only C(local_compute) rising) fails naming that node. The router is stopped first.
   - Never asks SGLang workers' C(/health) (a dummy that always answers 200).
   - Runs on the ops host (C(delegate_to=localhost), C(become=false)); on the nodes its scripts run as root,
     directly or through C(sudo -n) when the SSH user is not root (passwordless sudo is required then).
 options:
   nodes:
-    description: The nodes of one engine instance; node rank 0 (the head) must be among them.
+    description: The nodes of one deployment (with I(router), every P/D instance); node rank 0 (the head) must be among them.
     type: list
     elements: dict
     required: true
@@ -37,6 +43,13 @@ options:
         type: list
         elements: str
         required: true
+      api_base:
+        description: With I(router), this node's own instance API as the ops host reaches it, e.g. C(http://10.0.0.12:8000).
+        type: str
+      pd_role:
+        description: With I(router), this node's instance role.
+        type: str
+        choices: [prefill, decode]
   unit:
     description: Unit name on every node.
     type: str
@@ -50,7 +63,7 @@ options:
     type: str
     required: true
   api_base:
-    description: Head API as the ops host reaches it, e.g. C(http://10.0.0.11:30000).
+    description: The deployment's API as the ops host reaches it, e.g. C(http://10.0.0.11:30000) - the head's, or the router's with I(router).
     type: str
     required: true
   model:
@@ -97,6 +110,28 @@ options:
       - The engine's service user. Files in its state directory are read as that user, never by root (a planted
         symlink gets nothing).
     type: str
+  router:
+    description: The P/D router's unit on the head (node rank 0); given, the gate runs the P/D checks.
+    type: dict
+    suboptions:
+      unit:
+        description: The router's unit name.
+        type: str
+        required: true
+      status_file:
+        description: The router wrapper's live status JSON.
+        type: str
+        required: true
+      record_file:
+        description: The router wrapper's termination record.
+        type: str
+        required: true
+  require_kv_transfer:
+    description:
+      - With I(router), fail when the router's answer came without a KV transfer (no decode instance's external_kv_transfer
+        prompt tokens rose, three answers in a row) or the metric is missing; false only reports the evidence.
+    type: bool
+    default: true
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -121,6 +156,23 @@ EXAMPLES = r"""
     model: qwen
   delegate_to: localhost
   run_once: true
+
+- name: P/D readiness gate through the router, with the KV transfer proven
+  llmfleet_engine_ready:
+    nodes:
+      - {name: node1, rank: 0, ssh: [ssh, node1], api_base: "http://10.0.0.11:8000", pd_role: prefill}
+      - {name: node2, rank: 1, ssh: [ssh, node2], api_base: "http://10.0.0.12:8000", pd_role: decode}
+    unit: llmfleet-glm.service
+    status_file: /var/lib/llmfleet/engine/glm/status.json
+    record_file: /var/lib/llmfleet/engine/glm/termination.json
+    router:
+      unit: llmfleet-glm-router.service
+      status_file: /var/lib/llmfleet/engine/glm/router-status.json
+      record_file: /var/lib/llmfleet/engine/glm/router-termination.json
+    api_base: http://10.0.0.11:30000
+    model: glm
+  delegate_to: localhost
+  run_once: true
 """
 
 RETURN = r"""
@@ -129,8 +181,19 @@ ready:
   returned: always
   type: bool
 timeline:
-  description: C({t0, nodes, head}) - per-node phases and head events in seconds from the first unit start.
+  description:
+    - C({t0, nodes, head}) - per-node phases and the deployment API's events in seconds from the first unit start.
+    - With I(router) also C(instances) (each instance's own port, models and answer events); the router's unit is a
+      row of C(nodes) named C(<head>/router) and C(head) holds the router's events and C(kv_transfer_proven).
   returned: always
+  type: dict
+kv_transfer:
+  description:
+    - With I(router), the evidence over the router's last correct answer - C(proven), C(decode) (the decode nodes
+      the KV reached), C(metric), C(summary) (one line) and C(nodes), per instance its C(role), the change of
+      C(tokens_by_source) (local_compute, local_cache_hit, external_kv_transfer) and of C(nixl) (bytes, transfers,
+      failed_transfers, expired_requests).
+  returned: with router
   type: dict
 elapsed_s:
   description: Seconds the gate waited.
@@ -187,6 +250,8 @@ def argument_spec() -> dict:
                 "name": {"type": "str", "required": True},
                 "rank": {"type": "int", "required": True},
                 "ssh": {"type": "list", "elements": "str", "required": True},
+                "api_base": {"type": "str"},
+                "pd_role": {"type": "str", "choices": ["prefill", "decode"]},
             },
         },
         "unit": {"type": "str", "required": True},
@@ -204,6 +269,15 @@ def argument_spec() -> dict:
         "unreachable_after": {"type": "float", "default": 30},
         "connect_timeout": {"type": "float", "default": 10},
         "read_as": {"type": "str"},
+        "router": {
+            "type": "dict",
+            "options": {
+                "unit": {"type": "str", "required": True},
+                "status_file": {"type": "str", "required": True},
+                "record_file": {"type": "str", "required": True},
+            },
+        },
+        "require_kv_transfer": {"type": "bool", "default": True},
     }
 
 
@@ -226,8 +300,9 @@ def run(module: AnsibleModule) -> None:
             api_key=p["api_key"] or None, prompt=p["prompt"], expect=p["expect"], deadline=p["deadline"],
             poll=p["poll"], journal_lines=p["journal_lines"], stop_timeout=p["stop_timeout"],
             unreachable_after=p["unreachable_after"], read_as=p["read_as"],
+            **({"router": p["router"], "require_kv_transfer": p["require_kv_transfer"]} if p["router"] else {}),
         )  # fmt: skip
-    except ValueError as e:  # no head (node rank 0) among the nodes
+    except ValueError as e:  # no head (node rank 0) among the nodes, or P/D nodes without api_base / pd_role
         module.fail_json(msg=f"nodes {[n['name'] for n in p['nodes']]}: {e}", ready=False, timeline={})
     try:
         res = gate.wait()

@@ -1,6 +1,6 @@
-"""Engine launch plans: the command line each node runs (SGLang, vLLM, vLLM P/D, custom), when a
-node counts as up, the compile-cache fingerprint, the loader fan-out, engine-flag checks against the
-engine's own --help, and systemd ExecStart quoting.
+"""Engine launch plans: the command line each node runs (SGLang, vLLM, vLLM P/D, custom), the P/D
+router's command line, when a node counts as up, the compile-cache fingerprint, the loader fan-out,
+engine-flag checks against the engine's own --help, and systemd ExecStart quoting.
 
 Pure functions over plain data (stdlib only): the engine role's modules and filters call them, and
 the golden tests pin the command lines they render for the field reports' deployments.
@@ -20,7 +20,9 @@ from .safefs import chown_fd, lstat_at, open_dir, rmtree_at, subdir
 PROFILES = ("sglang", "vllm", "vllm_pd", "custom")
 DEFAULT_PORT = {"sglang": 30000, "vllm": 8000, "vllm_pd": 8000, "custom": 8000}
 DEFAULT_COMMAND = {"sglang": ["sglang", "serve"], "vllm": ["vllm", "serve"], "vllm_pd": ["vllm", "serve"]}
-HELP_ARGS = {"sglang": ["--help"], "vllm": ["--help=all"], "vllm_pd": ["--help=all"], "custom": ["--help"]}
+# "router": vLLM's P/D router (vllm-router), whose flags the engine role checks like the engine's.
+HELP_ARGS = {"sglang": ["--help"], "vllm": ["--help=all"], "vllm_pd": ["--help=all"], "custom": ["--help"],
+             "router": ["--help"]}  # fmt: skip
 # Loader threads per rank when the deployment does not say: SGLang enables its multithread loader
 # with 8 threads by default (8 ranks x 8 threads = 64 readers per node in the field), vLLM's default
 # loader reads with one.
@@ -47,6 +49,16 @@ VLLM_NODE_UP_RE = {
     "eager": r"Model loading took|GiB for KV cache on node",
 }
 NO_GRAPH_FLAGS = {"sglang": "--disable-cuda-graph", "vllm": "--enforce-eager"}
+
+# vllm_pd: each node's KV role follows its engine_pd_role (vLLM 0.32 deprecates kv_both for NixlConnector:
+# "Please set kv_role='kv_producer' for prefill instances and kv_role='kv_consumer' for decode instances").
+PD_KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+PD_DEFAULT_CONNECTOR = "NixlConnector"
+# vllm-router 0.1.17 logs `Router ready | workers: [...]` once every prefill and decode worker answered
+# /health (src/server.rs), i.e. when it can route; it waits up to --worker-startup-timeout-secs for that,
+# checking every --worker-startup-check-interval seconds (default 30: a ready deployment would wait for it).
+ROUTER_READY_RE = r"Router ready"
+ROUTER_CHECK_INTERVAL = 2
 
 
 class PlanError(ValueError):
@@ -94,7 +106,7 @@ def _or1(v: Any) -> Any:
 def render_argv(spec: dict[str, Any], node_rank: int) -> list[str]:
     """The argv one node runs. spec keys: profile, command, model_path, served_model_name, tp, pp,
     nnodes, head_addr, dist_port, host, port, dist_timeout, context_length, loader_threads,
-    extra_args, kv_transfer_config (vllm_pd), custom_argv (custom)."""
+    extra_args, kv_transfer_config and pd_role (vllm_pd), custom_argv (custom)."""
     profile = spec.get("profile")
     if profile not in PROFILES:
         raise PlanError(f"engine_profile={profile!r}: choose one of {', '.join(PROFILES)}")
@@ -156,9 +168,67 @@ def _vllm_argv(  # noqa: PLR0917 (private helper of render_argv)
     argv += _loader_config(profile, spec.get("loader_threads"))
     argv += extra
     if profile == "vllm_pd":
-        kv = spec.get("kv_transfer_config") or {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        if any(a == "--kv-transfer-config" or a.startswith(("--kv-transfer-config=", "--kv-transfer-config.",
+                                                              "--kv_transfer_config")) for a in extra):  # fmt: skip
+            raise PlanError(
+                "engine_extra_args holds --kv-transfer-config: with engine_profile=vllm_pd the role writes it "
+                "from engine_kv_transfer_config and engine_pd_role; put connector options in engine_kv_transfer_config"
+            )
+        kv = pd_kv_transfer_config(spec.get("kv_transfer_config"), spec.get("pd_role"))
         argv += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
     return argv + ([] if headless else listen)
+
+
+def pd_kv_transfer_config(config: dict[str, Any] | None, pd_role: str | None) -> dict[str, Any]:
+    """vllm_pd: the --kv-transfer-config of one instance. engine_kv_transfer_config gives the connector
+    (NixlConnector when it names none) and its options (kv_buffer_device, kv_connector_extra_config, ...);
+    kv_role always follows engine_pd_role (prefill: kv_producer, decode: kv_consumer). A kv_role there that
+    says otherwise is refused rather than silently overridden."""
+    if pd_role not in PD_KV_ROLE:
+        raise PlanError(
+            f"engine_pd_role={pd_role!r}: every vllm_pd node needs engine_pd_role prefill or decode (set it per "
+            "host, e.g. in host_vars)"
+        )
+    if config is not None and not isinstance(config, dict):
+        raise PlanError(f"engine_kv_transfer_config must be a mapping (the --kv-transfer-config JSON), got {config!r}")
+    cfg = {"kv_connector": PD_DEFAULT_CONNECTOR, **(config or {})}
+    want = PD_KV_ROLE[pd_role]
+    if cfg.get("kv_role") not in (None, want):
+        raise PlanError(
+            f"engine_kv_transfer_config.kv_role={cfg['kv_role']} contradicts engine_pd_role={pd_role} ({want}): "
+            "leave kv_role out, the role sets it from engine_pd_role"
+        )
+    cfg["kv_role"] = want
+    return cfg
+
+
+def render_router_argv(spec: dict[str, Any]) -> list[str]:
+    """vllm_pd: the argv of vLLM's P/D router (vllm-router 0.1.17) on the head. spec keys: command, host,
+    port, instances ([{name, role, url}]: every prefill and decode instance as the router reaches it),
+    startup_timeout (seconds the router waits for its workers' /health), extra_args."""
+    command = [str(c) for c in spec.get("command") or ["vllm-router"]]
+    instances = list(spec.get("instances") or [])
+    prefill = [i for i in instances if i.get("role") == "prefill"]
+    decode = [i for i in instances if i.get("role") == "decode"]
+    if not prefill or not decode:
+        roles = ", ".join(f"{i.get('name')}={i.get('role') or '(unset)'}" for i in instances) or "no nodes"
+        raise PlanError(
+            f"engine_profile=vllm_pd needs at least one node with engine_pd_role=prefill and one with decode "
+            f"in the play (got {roles})"
+        )
+    host, port = spec.get("host"), spec.get("port")
+    if not port:
+        raise PlanError("engine_pd_router_port is unset: the P/D router needs a port")
+    argv = [*command, "--vllm-pd-disaggregation"]
+    argv += (["--host", str(host)] if host else []) + ["--port", str(port)]
+    for i in prefill:
+        argv += ["--prefill", str(i["url"])]
+    for i in decode:
+        argv += ["--decode", str(i["url"])]
+    timeout = spec.get("startup_timeout")
+    argv += ["--worker-startup-timeout-secs", str(int(timeout))] if timeout else []
+    argv += ["--worker-startup-check-interval", str(ROUTER_CHECK_INTERVAL)]
+    return argv + [str(a) for a in spec.get("extra_args") or []]
 
 
 def ready_rule(profile: str, node_rank: int, nnodes: int, ranks_per_node: int, argv: list[str]) -> dict:
@@ -479,6 +549,10 @@ def help_text(command: list[str], profile: str, timeout: float = 300) -> str:
     if rc != 0 or not out.strip():
         raise PlanError(
             f"`{' '.join(command + HELP_ARGS.get(profile, ['--help']))}` failed (exit {rc}): {out.strip()[-400:]}; "
-            "check engine_command (the engine must be installed on the head)"
+            + (
+                "check engine_pd_router_command (the P/D router must be installed on the head)"
+                if profile == "router"
+                else "check engine_command (the engine must be installed on the head)"
+            )
         )
     return out

@@ -4,9 +4,17 @@ Ready means, in order: every node's unit active (each wrapper sent READY=1 for i
 port listening, /v1/models listing the served name, and a deterministic chat completion answered
 correctly. SGLang workers' /health is a dummy that always says 200, so it is never asked.
 
+Prefill/decode disaggregation (vLLM P/D, a `router` given): every node is an instance of its own and
+the router a unit on the head. Ready then means every unit active (the router's too), each instance
+answering alone (port, /v1/models, the answer), and the question answered THROUGH THE ROUTER with the
+KV cache moved: the decode instances' /metrics, read just before and after, must show
+vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} rising (prompt tokens whose KV came
+from the prefill over the KV connector). An answer with only local_compute rising is the recompute
+path (the decode computed the prompt itself, no P/D) and fails naming the decode node.
+
 If a unit fails (failed, waiting to auto-restart, restarted) or the deadline passes, every node is
-stopped head first (SGLang workers wait for rank 0's ShutdownReq), and the first node that failed is
-named with its rank, termination record and journal tail. Nodes are reached with plain OpenSSH
+stopped head first (the P/D router before it; SGLang workers wait for rank 0's ShutdownReq), and the
+first node that failed is named with its rank, termination record and journal tail. Nodes are reached with plain OpenSSH
 (the same host, user, port, key and options Ansible uses) and every call has a timeout.
 
 Privilege: the journal, systemctl and the engine's state directory need root. A site connects as an
@@ -33,8 +41,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .logobserver import PHASES
 from .net import connect_state
-from .wrapper import PHASES
 
 # The wrapper's phases, in order, after its "started" (one list: the gate ranks what the wrapper reports).
 PHASE_ORDER = ("started", *PHASES)
@@ -44,6 +52,21 @@ DEFAULT_PROMPT = "What is 37\u00d719? Reply with only the number."
 # passwordless sudo (the gate cannot answer a password prompt; -n makes sudo fail instead of asking).
 AS_ROOT = 'if [ "$(id -u)" -eq 0 ]; then exec sh -c "$0"; else exec sudo -n -- sh -c "$0"; fi'
 SUDO_REFUSED = re.compile(r"^sudo: (a password is required|.*not in the sudoers|.*not allowed to execute)", re.M)
+# Wrong answers (or, P/D, answers without a KV transfer) in a row after which asking again cannot help.
+STRIKES = 3
+
+# P/D: the KV transfer's evidence on the instances' /metrics (vLLM 0.32, v1/metrics/loggers.py and the
+# NIXL connector's stats; every counter is created with its labels at start, 0 until something happens).
+KV_METRIC = "vllm:prompt_tokens_by_source_total"
+KV_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+NIXL_METRICS = {
+    "bytes": "vllm:nixl_bytes_transferred_sum",
+    "transfers": "vllm:nixl_xfer_time_seconds_count",
+    "failed_transfers": "vllm:nixl_num_failed_transfers_total",
+    "expired_requests": "vllm:nixl_num_kv_expired_reqs_total",
+}
+_METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def ssh_argv(host: dict[str, Any], connect_timeout: float = 10) -> list[str]:
@@ -169,6 +192,9 @@ class Node:
     ) -> None:
         self.name = spec["name"]
         self.rank = int(spec["rank"])
+        # P/D: the node's own instance API (as the ops host reaches it) and its role.
+        self.api_base: str | None = spec.get("api_base") or None
+        self.pd_role: str | None = spec.get("pd_role") or None
         self.remote = Remote(self.name, spec["ssh"], control_dir)
         self.unit, self.status_file, self.record_file = unit, status_file, record_file
         self.baseline_restarts: int | None = None
@@ -293,6 +319,130 @@ def chat_check(base: str, model: str, prompt: str, expect: str, *, api_key: str 
     return {"ok": True, "answer": answer}
 
 
+def http_text(url: str, api_key: str | None = None, timeout: float = 10) -> tuple[int, str]:
+    """GET a text resource (Prometheus /metrics) whole: (status, body) or (0, why)."""
+    if not url.startswith(("http://", "https://")):
+        return 0, f"not an http(s) URL: {url}"
+    req = urllib.request.Request(url, method="GET")  # noqa: S310 (scheme checked above)
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (scheme checked above)
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")[:300]
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        return 0, str(getattr(e, "reason", e))
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text exposition -> [(name, labels, value)] (comments and unparsable lines skipped)."""
+    out = []
+    for line in text.splitlines():
+        m = _METRIC_LINE.match(line)
+        if not m or line.startswith("#"):
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), value))
+    return out
+
+
+def kv_counters(text: str) -> dict[str, Any]:
+    """What one instance's /metrics says about where prompt tokens came from: {"tokens_by_source":
+    {source: count} (empty when KV_METRIC is absent), "nixl": {bytes, transfers, failed_transfers,
+    expired_requests} (only those present)}, summed over engines and models."""
+    by_source: dict[str, float] = {}
+    nixl: dict[str, float] = {}
+    names = {v: k for k, v in NIXL_METRICS.items()}
+    for name, labels, value in parse_metrics(text):
+        if name == KV_METRIC and "source" in labels:
+            by_source[labels["source"]] = by_source.get(labels["source"], 0.0) + value
+        elif name in names:
+            nixl[names[name]] = nixl.get(names[name], 0.0) + value
+    return {"tokens_by_source": by_source, "nixl": nixl}
+
+
+def _num(v: float) -> int | float:
+    return int(v) if float(v).is_integer() else round(v, 3)
+
+
+def kv_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """after - before of kv_counters (a counter missing before counts from 0)."""
+    out: dict[str, Any] = {}
+    for part in ("tokens_by_source", "nixl"):
+        b, a = before.get(part) or {}, after.get(part) or {}
+        out[part] = {k: _num(a[k] - b.get(k, 0.0)) for k in sorted(a)}
+    return out
+
+
+def kv_verdict(deltas: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Did the KV move? deltas: {node: {"role", "tokens_by_source", "nixl"}} over one question through
+    the router. ok when some decode instance counted external_kv_transfer tokens; else `node` is the
+    decode instance that computed the prompt itself (local_compute rose), or the first decode instance
+    when none counted anything, and `why` says which."""
+    decode = {n: d for n, d in deltas.items() if d.get("role") == "decode"}
+    moved = [n for n, d in decode.items() if d["tokens_by_source"].get("external_kv_transfer", 0) > 0]
+    if moved:
+        return {"ok": True, "decode": moved, "node": moved[0]}
+    recomputed = [n for n, d in decode.items() if d["tokens_by_source"].get("local_compute", 0) > 0]
+    if recomputed:
+        n = recomputed[0]
+        t = decode[n]["tokens_by_source"]
+        why = (
+            f"the router's answer came without a KV transfer: decode instance {n} computed the prompt itself "
+            f"({KV_METRIC}: local_compute +{t.get('local_compute', 0)}, external_kv_transfer "
+            f"+{t.get('external_kv_transfer', 0)}) - the recompute path, not P/D"
+        )
+        return {"ok": False, "decode": [], "node": n, "why": why}
+    names = sorted(decode)
+    why = (
+        f"the router's answer came without a KV transfer: no decode instance ({', '.join(names)}) counted the "
+        f"prompt in {KV_METRIC} (neither local_compute nor external_kv_transfer rose): the router did not "
+        "send the decode step to them"
+    )
+    return {"ok": False, "decode": [], "node": names[0] if names else None, "why": why}
+
+
+KV_HINT = (
+    "check that the prefill instances run kv_role kv_producer and the decode instances kv_consumer with the "
+    "same kv_connector (engine_kv_transfer_config), that every decode node reaches each prefill node's NIXL "
+    "side channel (VLLM_NIXL_SIDE_CHANNEL_HOST:PORT, engine_pd_side_channel_port) and UCX transport "
+    "(engine_ucx_tls), and the decode node's journal (NIXL transfer failure, expired KV blocks)"
+)
+
+
+def kv_summary(kv: dict[str, Any]) -> str:
+    """One line of the P/D evidence for the play output: tokens by source (and NIXL bytes) per node."""
+    parts = []
+    for n, d in (kv.get("nodes") or {}).items():
+        t = d.get("tokens_by_source") or {}
+        words = [f"{k} +{t[k]}" for k in KV_SOURCES if k in t]
+        x = d.get("nixl") or {}
+        if "bytes" in x:
+            words.append(f"nixl {x['bytes']} bytes in {x.get('transfers', '?')} transfer(s)")
+        parts.append(f"{n} ({d.get('role')}): " + ", ".join(words or ["no counters"]))
+    verdict = (
+        f"KV transferred to {', '.join(kv['decode'])}" if kv.get("proven") else "NO KV transfer proven"
+    )  # fmt: skip
+    return f"{verdict}; {KV_METRIC} over the router's answer: " + "; ".join(parts)
+
+
+class Endpoint:
+    """One API the gate asks: the port, then /v1/models, then the answer (each step once passed)."""
+
+    def __init__(self, name: str, base: str, node: Node, events: dict[str, float] | None = None) -> None:
+        self.name, self.base, self.node = name, base.rstrip("/"), node
+        hostport = self.base.split("://", 1)[-1].split("/", 1)[0]
+        host, _, port = hostport.rpartition(":")
+        self.host, self.port = host.strip("[]"), int(port or 80)
+        self.events: dict[str, float] = {} if events is None else events
+        self.answer: str | None = None
+        self.wrong_answers = 0
+
+
 class Gate:
     def __init__(
         self,
@@ -312,6 +462,8 @@ class Gate:
         stop_timeout: float = 300,
         unreachable_after: float = 30,
         read_as: str | None = None,
+        router: dict[str, str] | None = None,
+        require_kv_transfer: bool = True,
         log: Callable[[str], None] | None = None,
     ) -> None:
         if not nodes or min(int(n["rank"]) for n in nodes) != 0:
@@ -320,6 +472,17 @@ class Gate:
         self.control_dir = tempfile.mkdtemp(prefix="llmfleet-gate-")
         self.nodes = sorted((Node(n, unit, status_file, record_file, self.control_dir, read_as) for n in nodes),
                             key=lambda n: n.rank)  # fmt: skip
+        head = self.nodes[0]
+        # P/D: the router is a unit of its own on the head; it is polled and stopped (first) like a node.
+        self.router: Node | None = None
+        if router:
+            spec = {"name": f"{head.name}/router", "rank": 0, "ssh": head.remote.argv}
+            self.router = Node(spec, router["unit"], router["status_file"], router["record_file"],
+                               self.control_dir, read_as)  # fmt: skip
+            missing = [n.name for n in self.nodes if not n.api_base or n.pd_role not in ("prefill", "decode")]
+            if missing:
+                raise ValueError(f"P/D (a router given): nodes {missing} need api_base and pd_role prefill|decode")
+        self.units = self.nodes + ([self.router] if self.router else [])
         self.unreachable_after = unreachable_after
         self.read_as = read_as
         self.unit, self.record_file = unit, record_file
@@ -327,20 +490,31 @@ class Gate:
         self.prompt, self.expect = prompt, expect
         self.deadline, self.poll, self.journal_lines = deadline, poll, journal_lines
         self.stop_timeout = stop_timeout
+        self.require_kv_transfer = require_kv_transfer
         self.log = log or (lambda _m: None)
+        # The deployment's API (the head's; P/D: the router's) and, P/D, every instance's own.
         self.events: dict[str, float] = {}
+        self.api = Endpoint("router" if self.router else head.name, self.api_base, self.router or head, self.events)
+        self.instances = [Endpoint(n.name, n.api_base, n) for n in self.nodes] if self.router else []
         self.last_problem = ""
         self.final_problem = ""  # an API answer that asking again cannot change: fail now, not at the deadline
-        self.wrong_answers = 0
+        self.final_node: Node | None = None
+        self.final_kind = "bad answer"
+        self.no_transfer = 0
+        self.kv: dict[str, Any] | None = None
+
+    @property
+    def wrong_answers(self) -> int:
+        return self.api.wrong_answers
 
     # -- readiness ------------------------------------------------------------------------------
 
     def _poll_all(self, pool: ThreadPoolExecutor) -> list[tuple[Node, dict]]:
-        return list(zip(self.nodes, pool.map(lambda n: n.probe(), self.nodes)))
+        return list(zip(self.units, pool.map(lambda n: n.probe(), self.units)))
 
     def close(self) -> None:
         """End the SSH masters and remove their private directory."""
-        for n in self.nodes:
+        for n in self.units:
             n.remote.close()
         shutil.rmtree(self.control_dir, ignore_errors=True)
 
@@ -353,9 +527,7 @@ class Gate:
     def _wait(self) -> dict[str, Any]:
         t0 = time.time()
         end = t0 + self.deadline
-        head_host = self.api_base.split("://", 1)[-1].split("/", 1)[0]
-        host, _, port = head_host.rpartition(":")
-        with ThreadPoolExecutor(max_workers=max(4, len(self.nodes))) as pool:
+        with ThreadPoolExecutor(max_workers=max(4, len(self.units))) as pool:
             while True:
                 now = time.time()
                 all_active = True
@@ -369,15 +541,15 @@ class Gate:
                         all_active = False
                     elif node.ready_seen_at is None:
                         node.ready_seen_at = time.time()
-                if any(n.failed_at for n in self.nodes):
+                if any(n.failed_at for n in self.units):
                     return self._fail(t0, "a unit failed")
                 if all_active:
-                    answer = self._head_checks(host.strip("[]"), int(port or 80))
+                    answer = self._api_checks()
                     if self.final_problem:
-                        head = self.nodes[0]
-                        head.failed_at = time.time()
-                        head.failure = f"asking again cannot help: {self.final_problem}"
-                        return self._fail(t0, "bad answer")
+                        node = self.final_node or self.nodes[0]
+                        node.failed_at = time.time()
+                        node.failure = f"asking again cannot help: {self.final_problem}"
+                        return self._fail(t0, self.final_kind)
                     if answer is not None:
                         report = self._report(t0)
                         return {"ready": True, "failed": False, **report, "answer": answer, "reported_at": time.time()}
@@ -385,35 +557,116 @@ class Gate:
                     return self._fail(t0, "deadline")
                 time.sleep(max(0.0, self.poll - (time.time() - now)))
 
-    def _head_checks(self, host: str, port: int) -> str | None:
-        """Port, then /v1/models, then the answer; each step once it passed. The answer when correct."""
+    def _api_checks(self) -> str | None:
+        """P/D: every instance alone first, then the router (with the KV proof). The answer when all passed."""
         self.events.setdefault("all_units_active", time.time())
-        if "port_open" not in self.events and port_open(host, port):
-            self.events["port_open"] = time.time()
-        if "port_open" in self.events and "models_listed" not in self.events:
-            code, resp = http("GET", f"{self.api_base}/v1/models", None, self.api_key, 10)
+        pending = False
+        for ep in self.instances:
+            if self._endpoint_check(ep) is None:
+                pending = True
+            if self.final_problem:
+                return None
+        if pending:
+            return None
+        return self._endpoint_check(self.api, kv=self.router is not None)
+
+    def _final(self, why: str, node: Node, kind: str = "bad answer") -> None:
+        self.final_problem, self.final_node, self.final_kind = why, node, kind
+
+    def _endpoint_check(self, ep: Endpoint, kv: bool = False) -> str | None:
+        """Port, then /v1/models, then the answer; each step once it passed (an instance's answer once)."""
+        label = f"{ep.name}: " if self.router else ""
+        if "port_open" not in ep.events and port_open(ep.host, ep.port):
+            ep.events["port_open"] = time.time()
+        if "port_open" in ep.events and "models_listed" not in ep.events:
+            code, resp = http("GET", f"{ep.base}/v1/models", None, self.api_key, 10)
             ids = [m.get("id") for m in resp.get("data", [])] if isinstance(resp, dict) else []
             if code == 200 and self.model in ids:
-                self.events["models_listed"] = time.time()
+                ep.events["models_listed"] = time.time()
             else:
-                self.last_problem = f"/v1/models: HTTP {code}, ids {ids or str(resp)[:200]}"
-        if "models_listed" not in self.events:
+                self.last_problem = f"{label}/v1/models: HTTP {code}, ids {ids or str(resp)[:200]}"
+        if "models_listed" not in ep.events:
             return None
-        chk = chat_check(self.api_base, self.model, self.prompt, self.expect, api_key=self.api_key, timeout=120)
+        if ep.answer is not None and not kv:
+            return ep.answer
+        before = self._kv_read() if kv else None
+        if kv and before is None:
+            return None  # a decode instance's /metrics could not be read, or lacks the metric (final)
+        chk = chat_check(ep.base, self.model, self.prompt, self.expect, api_key=self.api_key, timeout=120)
         if not chk["ok"]:
-            self.last_problem = chk["why"]
+            self.last_problem = label + chk["why"]
             # A refused request, or the same wrong answer three times in a row, will not fix itself.
-            self.wrong_answers = self.wrong_answers + 1 if "answer" in chk else 0
-            if chk.get("final") or self.wrong_answers >= 3:
-                self.final_problem = chk["why"]
+            ep.wrong_answers = ep.wrong_answers + 1 if "answer" in chk else 0
+            if chk.get("final") or ep.wrong_answers >= STRIKES:
+                self._final(label + chk["why"], ep.node)
             return None
-        self.events["first_correct_answer"] = time.time()
-        return chk["answer"]
+        ep.events.setdefault("first_correct_answer", time.time())
+        if kv and not self._kv_proven(before or {}):
+            return None
+        ep.answer = chk["answer"]
+        return ep.answer
+
+    # -- P/D: the KV transfer ----------------------------------------------------------------------
+
+    def _kv_read(self) -> dict[str, dict[str, Any]] | None:
+        """kv_counters of every instance, or None (last_problem says why; a missing metric is final)."""
+        snaps: dict[str, dict[str, Any]] = {}
+        for ep in self.instances:
+            code, text = http_text(f"{ep.base}/metrics", self.api_key, 10)
+            if code != 200:
+                self.last_problem = f"{ep.name}: /metrics: HTTP {code}: {text.strip()[:200]}"
+                return None
+            snap = kv_counters(text)
+            if ep.node.pd_role == "decode" and "external_kv_transfer" not in snap["tokens_by_source"]:
+                self._final(
+                    f'decode instance {ep.name}\'s /metrics has no {KV_METRIC}{{source="external_kv_transfer"}}, '
+                    "the gate's proof that the KV cache came from the prefill (vLLM 0.32 exports it from start, "
+                    "at 0; an older vLLM or --disable-log-stats does not): use vLLM 0.32 or later with its stats "
+                    "on, or set engine_pd_require_kv_transfer=false to accept an answer without that proof",
+                    ep.node,
+                    "no kv transfer",
+                )
+                return None
+            snaps[ep.name] = snap
+        return snaps
+
+    def _kv_proven(self, before: dict[str, dict[str, Any]]) -> bool:
+        """After a correct answer through the router: did a decode instance receive the prompt's KV?"""
+        deltas: dict[str, dict[str, Any]] = {}
+        verdict: dict[str, Any] = {"ok": False}
+        # The counters are updated as the engine's outputs are processed: read again briefly when nothing moved.
+        for attempt in range(3):
+            after = self._kv_read()
+            if after is None:
+                return False
+            roles = {ep.name: ep.node.pd_role for ep in self.instances}
+            deltas = {n: {"role": roles[n], **kv_delta(before.get(n, {}), after[n])} for n in after}
+            verdict = kv_verdict(deltas)
+            if verdict["ok"] or any(any(v > 0 for v in d["tokens_by_source"].values()) for d in deltas.values()):
+                break
+            if attempt < 2:
+                time.sleep(1)
+        self.kv = {"required": self.require_kv_transfer, "proven": verdict["ok"], "decode": verdict["decode"],
+                   "metric": KV_METRIC, "nodes": deltas}  # fmt: skip
+        self.kv["summary"] = kv_summary(self.kv)
+        if verdict["ok"]:
+            self.events.setdefault("kv_transfer_proven", time.time())
+            return True
+        if not self.require_kv_transfer:
+            return True
+        self.no_transfer += 1
+        self.last_problem = verdict["why"]
+        if self.no_transfer >= STRIKES:
+            node = next((n for n in self.nodes if n.name == verdict.get("node")), self.nodes[0])
+            self._final(f"{verdict['why']} ({self.no_transfer} answers in a row); {KV_HINT}", node, "no kv transfer")
+        return False
+
+    # -- reporting ---------------------------------------------------------------------------------
 
     def _timeline(self, t0: float) -> dict[str, Any]:
         starts = []
         nodes = {}
-        for n in self.nodes:
+        for n in self.units:
             st = _status_for(n, n.state) or {}
             phases = {p.get("phase"): p.get("at") for p in st.get("phases") or []}
             row = {
@@ -433,11 +686,18 @@ class Gate:
             for k in ("unit_start", "weights_loaded", "node_ready"):
                 if isinstance(row[k], (int, float)):
                     row[k] = round(row[k] - base, 2)
-        return {"t0": base, "nodes": nodes, "head": rel}
+        out = {"t0": base, "nodes": nodes, "head": rel}
+        if self.instances:
+            out["instances"] = {ep.name: {k: round(v - base, 2) for k, v in ep.events.items()} for ep in self.instances}
+        return out
 
     def _report(self, t0: float) -> dict[str, Any]:
         tl = self._timeline(t0)
-        return {"timeline": tl, "elapsed_s": round(time.time() - t0, 2), "last_problem": self.last_problem}
+        out = {"timeline": tl, "elapsed_s": round(time.time() - t0, 2), "last_problem": self.last_problem}
+        if self.router:
+            out["kv_transfer"] = self.kv or {"required": self.require_kv_transfer, "proven": False, "decode": [],
+                                             "metric": KV_METRIC, "nodes": {}, "summary": "not reached"}  # fmt: skip
+        return out
 
     # -- failure ---------------------------------------------------------------------------------
 
@@ -445,7 +705,8 @@ class Gate:
         if node.unreachable:
             return None
         rd = self.read_as
-        script = f"{read_cmd(self.record_file, rd)}; echo @@1; {read_cmd(self.record_file + '.1', rd)}"
+        rf = node.record_file
+        script = f"{read_cmd(rf, rd)}; echo @@1; {read_cmd(rf + '.1', rd)}"
         _, out, _ = node.remote.run(script, timeout=20)
         cur, _, prev = out.partition("@@1")
         recs = [r for r in (_json_or_none(cur), _json_or_none(prev)) if r]
@@ -456,13 +717,26 @@ class Gate:
     def _journal(self, node: Node) -> list[str]:
         if node.unreachable:
             return [f"(no journal: {node.name} is unreachable over SSH)"]
-        u = shlex.quote(self.unit)
+        u = shlex.quote(node.unit)
         n = int(self.journal_lines)
         _, out, _ = node.remote.run(f"journalctl -u {u} -n {n} -o short-iso --no-pager 2>&1", timeout=30)
         return out.splitlines()[-n:]
 
+    def _least_advanced(self) -> Node:
+        """Deadline with nobody failed: the least advanced engine node holds the others; with every engine
+        unit up, a router unit still starting; else the head (the API never answered right)."""
+        waiting = [n for n in self.nodes if n.state.get("unit", {}).get("ActiveState") != "active"]
+        if not waiting and self.router and self.router.state.get("unit", {}).get("ActiveState") != "active":
+            return self.router
+
+        def progress(n: Node) -> tuple[int, int]:
+            st = _status_for(n, n.state) or {}
+            return (phase_rank(st.get("phase")), -n.rank)
+
+        return min(waiting or self.nodes, key=progress)
+
     def _fail(self, t0: float, kind: str) -> dict[str, Any]:
-        failed = [n for n in self.nodes if n.failed_at]
+        failed = [n for n in self.units if n.failed_at]
         records = {}
         if failed:
             with ThreadPoolExecutor(max_workers=len(failed)) as pool:
@@ -477,12 +751,7 @@ class Gate:
             first = min(failed, key=order)
             why = first.failure
         else:
-            # Deadline with nobody failed: the least advanced node is the one holding the others.
-            def progress(n: Node) -> tuple[int, int]:
-                st = _status_for(n, n.state) or {}
-                return (phase_rank(st.get("phase")), -n.rank)
-
-            first = min(self.nodes, key=progress)
+            first = self._least_advanced()
             st = _status_for(first, first.state) or {}
             why = (
                 f"deadline of {self.deadline:.0f} s passed; least advanced node reached phase "
@@ -502,6 +771,7 @@ class Gate:
             "first_failed": {
                 "node": first.name,
                 "node_rank": first.rank,
+                "unit": first.unit,
                 "why": why,
                 "rank": rank,
                 "record": rec,
@@ -516,9 +786,11 @@ class Gate:
     # -- ordered stop ------------------------------------------------------------------------------
 
     def stop_all(self) -> list[dict[str, Any]]:
+        first = [(self.router.remote, self.router.unit, self.router.record_file)] if self.router else []
         return ordered_stop(
-            [n.remote for n in self.nodes], self.unit, self.record_file, self.stop_timeout, read_as=self.read_as
-        )
+            [n.remote for n in self.nodes], self.unit, self.record_file, self.stop_timeout, read_as=self.read_as,
+            first=first,
+        )  # fmt: skip
 
 
 def _stop_one(remote: Remote, unit: str, record_file: str, timeout: float, read_as: str | None) -> dict[str, Any]:
@@ -535,6 +807,7 @@ def _stop_one(remote: Remote, unit: str, record_file: str, timeout: float, read_
     rec = _json_or_none(rec_text)
     row: dict[str, Any] = {
         "node": remote.name,
+        "unit": unit,
         "seconds": round(time.time() - t, 2),
         "state": unit_state.get("ActiveState", "unknown"),
         "result": unit_state.get("Result"),
@@ -551,13 +824,20 @@ def _stop_one(remote: Remote, unit: str, record_file: str, timeout: float, read_
     return row
 
 
-def ordered_stop(
-    remotes: list[Remote], unit: str, record_file: str, timeout: float, read_as: str | None = None
+def ordered_stop(  # noqa: PLR0917 (the stop's fixed facts)
+    remotes: list[Remote],
+    unit: str,
+    record_file: str,
+    timeout: float,
+    read_as: str | None = None,
+    first: list[tuple[Remote, str, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Head (first) alone, then the others together; each with a bounded wait."""
+    """`first` ((remote, unit, record) each, in order: the P/D router), then the head alone, then the
+    others together; each with a bounded wait."""
+    rows = [_stop_one(r, u, rec, timeout, read_as) for r, u, rec in first or []]
     if not remotes:
-        return []
-    rows = [_stop_one(remotes[0], unit, record_file, timeout, read_as)]
+        return rows
+    rows.append(_stop_one(remotes[0], unit, record_file, timeout, read_as))
     rest = remotes[1:]
     if rest:
         with ThreadPoolExecutor(max_workers=len(rest)) as pool:
@@ -576,6 +856,8 @@ def failure_message(res: dict[str, Any]) -> str:
         rank_txt = f" ({' '.join(bits)})" if bits else ""
     rec = ff.get("record") or {}
     lines = [f"engine not ready: first failed node {ff['node']} (node rank {ff['node_rank']}){rank_txt}: {ff['why']}"]
+    if (res.get("kv_transfer") or {}).get("nodes"):
+        lines.append(f"P/D evidence: {res['kv_transfer']['summary']}")
     if rec:
         lines.append(
             f"termination record: verdict {rec.get('verdict')}, exit {rec.get('exit_code')}: {rec.get('reason')}"
@@ -585,7 +867,11 @@ def failure_message(res: dict[str, Any]) -> str:
     stopped = [s for s in res.get("stop", [])]
     lines.append(
         "stopped in order (head first): "
-        + ", ".join(f"{s['node']} {s['state']}" + (" (killed)" if s.get("killed") else "") for s in stopped)
+        + ", ".join(
+            f"{s['node']}{' ' + s['unit'] if str(s.get('unit', '')).endswith('-router.service') else ''} {s['state']}"
+            + (" (killed)" if s.get("killed") else "")
+            for s in stopped
+        )
     )
     left = [s["node"] for s in stopped if not s.get("stopped")]
     if left:

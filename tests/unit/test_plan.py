@@ -7,7 +7,7 @@ import pytest
 
 from llmfleet import engine
 from llmfleet.engine import PlanError
-from llmfleet.plan import node_plan
+from llmfleet.plan import node_plan, router_plan
 
 # 4 x 8 GPUs, TP8 x PP4 (a field deployment's layout), 2 loader threads per rank on shared storage.
 SGLANG = {
@@ -38,9 +38,26 @@ def test_head_and_worker_of_a_multi_node_sglang_deployment():
 
 
 def test_vllm_pd_is_one_node_whatever_nnodes_says():
-    p = node_plan({"profile": "vllm_pd", "model_path": "/models/m", "tp": 4, "nnodes": 2}, "0")  # rank as a string
+    spec = {"profile": "vllm_pd", "model_path": "/models/m", "tp": 4, "nnodes": 2, "pd_role": "decode"}
+    p = node_plan(spec, "0")  # rank as a string
     assert p["nnodes"] == 1 and p["ranks_per_node"] == 4 and p["serves_api"]
     assert p["fanout"] == engine.loader_fanout("vllm_pd", 1, 4, None, False)  # default loader threads, local disk
+    assert p["ready"] == {"regex": "Application startup complete", "count": 1}  # every instance serves its API
+
+
+def test_router_plan():
+    instances = [{"name": "node1", "role": "prefill", "url": "http://10.0.0.11:8000"},
+                 {"name": "node2", "role": "decode", "url": "http://10.0.0.12:8000"}]  # fmt: skip
+    p = router_plan({"command": ["/v/bin/vllm-router"], "host": "10.0.0.11", "port": 30000, "instances": instances,
+                     "startup_timeout": 600})  # fmt: skip
+    assert p["argv"] == engine.render_router_argv({"command": ["/v/bin/vllm-router"], "host": "10.0.0.11",
+                                                   "port": 30000, "instances": instances, "startup_timeout": 600})  # fmt: skip
+    assert p["exec_line"] == engine.systemd_command_line(p["argv"]) and p["shell_line"] == engine.shell_line(p["argv"])
+    # READY once the router logged that every instance answered /health.
+    assert p["ready"] == {"regex": "Router ready", "count": 1}
+    assert (p["prefill"], p["decode"]) == (["node1"], ["node2"])
+    with pytest.raises(PlanError, match="one with decode"):
+        router_plan({"port": 30000, "instances": instances[:1]})
 
 
 def test_defaults_and_a_read_only_mapping():

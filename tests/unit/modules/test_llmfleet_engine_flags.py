@@ -51,7 +51,7 @@ def test_help_that_fails_is_a_failure_naming_the_command(monkeypatch):
 
 
 BAD = [
-    ({"profile": "tgi"}, "value of profile must be one of: sglang, vllm, vllm_pd, custom, got: tgi"),
+    ({"profile": "tgi"}, "value of profile must be one of: sglang, vllm, vllm_pd, custom, router, got: tgi"),
     ({"argv": None}, "missing required arguments: argv"),
     ({"timeout": "soon"}, "argument 'timeout' is of type str and we were unable to convert to float"),
 ]  # fmt: skip

@@ -56,8 +56,8 @@ def test_options_become_the_gate(gate):
     ((nodes, unit, kw),) = gate.made
     assert unit == "llmfleet-qwen.service"
     assert nodes == [
-        {"name": "node1", "rank": 0, "ssh": [*SSH[:4], "ConnectTimeout=2", SSH[5]]},  # the module's connect timeout
-        {"name": "node2", "rank": 1, "ssh": ["ssh", "node2"]},
+        {"name": "node1", "rank": 0, "ssh": [*SSH[:4], "ConnectTimeout=2", SSH[5]], "api_base": None, "pd_role": None},
+        {"name": "node2", "rank": 1, "ssh": ["ssh", "node2"], "api_base": None, "pd_role": None},
     ]
     assert kw == {"status_file": "/var/lib/llmfleet/engine/qwen/status.json",
                   "record_file": "/var/lib/llmfleet/engine/qwen/termination.json",
@@ -80,6 +80,40 @@ def test_defaults(gate):
         30,
     )
     assert kw["read_as"] is None
+
+
+ROUTER = {"unit": "llmfleet-qwen-router.service", "status_file": "/var/lib/llmfleet/engine/qwen/router-status.json",
+          "record_file": "/var/lib/llmfleet/engine/qwen/router-termination.json"}  # fmt: skip
+KV = {"required": True, "proven": True, "decode": ["node2"], "metric": "vllm:prompt_tokens_by_source_total",
+      "summary": "KV transferred to node2; ...",
+      "nodes": {"node2": {"role": "decode", "tokens_by_source": {"external_kv_transfer": 16}, "nixl": {}}}}  # fmt: skip
+
+
+def test_pd_options_become_the_gate_and_the_evidence_is_returned(gate):
+    gate.verdict = dict(READY, kv_transfer=KV)
+    nodes = [{"name": "node1", "rank": 0, "ssh": SSH, "api_base": "http://10.0.0.11:8000", "pd_role": "prefill"},
+             {"name": "node2", "rank": 1, "ssh": ["ssh", "node2"], "api_base": "http://10.0.0.12:8000", "pd_role": "decode"}]  # fmt: skip
+    res = run(mod, base(nodes=nodes, router=ROUTER, require_kv_transfer=False))
+    ((got, _unit, kw),) = gate.made
+    assert [(n["api_base"], n["pd_role"]) for n in got] == [
+        ("http://10.0.0.11:8000", "prefill"),
+        ("http://10.0.0.12:8000", "decode"),
+    ]
+    assert kw["router"] == ROUTER and kw["require_kv_transfer"] is False
+    assert res["kv_transfer"] == KV and not undocumented(mod, res)
+    # Without a router the P/D options are not passed (the plain gate)
+    run(mod, base())
+    assert "router" not in gate.made[-1][2] and "require_kv_transfer" not in gate.made[-1][2]
+
+
+def test_pd_nodes_without_their_api_fail_naming_them():
+    nodes = [{"name": "node1", "rank": 0, "ssh": SSH, "api_base": "http://10.0.0.11:8000", "pd_role": "prefill"},
+             {"name": "node2", "rank": 1, "ssh": ["ssh", "node2"], "pd_role": "decode"}]  # fmt: skip
+    msg = fail(mod, base(nodes=nodes, router=ROUTER))["msg"]
+    assert (
+        msg
+        == "nodes ['node1', 'node2']: P/D (a router given): nodes ['node2'] need api_base and pd_role prefill|decode"
+    )
 
 
 def test_check_mode_builds_no_gate(gate):
@@ -118,6 +152,8 @@ BAD = [
     ({"nodes": [{"name": "node1", "rank": 0, "ssh": ["ssh"], "port": 22}]}, "Unsupported parameters for (basic.py) module: nodes.port"),
     ({"api_base": None}, "missing required arguments: api_base"),
     ({"deadline": "an hour"}, "argument 'deadline' is of type str and we were unable to convert to float"),
+    ({"nodes": [{"name": "node1", "rank": 0, "ssh": ["ssh"], "pd_role": "both"}]}, "value of pd_role must be one of: prefill, decode"),
+    ({"router": {"unit": "r.service"}}, "missing required arguments: record_file, status_file found in router"),
 ]  # fmt: skip
 
 
