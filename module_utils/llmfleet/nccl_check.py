@@ -1,16 +1,16 @@
-"""Collective check: one rank of an NCCL (GPU) or Gloo (CPU) world that runs all_reduce,
+"""NCCL check: one rank of an NCCL (GPU) or Gloo (CPU) world that runs all_reduce,
 broadcast, a send/recv ring and all_gather over a size sweep with inputs chosen so every result is
 exact in fp32 and bf16, counts wrong elements, times each op, and reports algbw/busbw with
 nccl-tests' formulas. It never hangs: a rendezvous timeout, a per-collective timeout and an outer
 watchdog end the rank with os._exit, after recording the phase it reached in the TCPStore so the
 launcher can say which ranks never arrived or stalled.
 
-    python -m llmfleet.collcheck rank --rank R --world W --master IP --port P [--backend nccl|gloo] ...
-    python -m llmfleet.collcheck local --nproc N ...   (N ranks of a single-node world on this host)
+    python -m llmfleet.nccl_check rank --rank R --world W --master IP --port P [--backend nccl|gloo] ...
+    python -m llmfleet.nccl_check local --nproc N ...   (N ranks of a single-node world on this host)
 
 The module imports only the stdlib at load time (torch is imported inside the rank), so the same file
-works as ansible.module_utils.llmfleet.collcheck. What the results mean (one world's verdict, the
-fleet's after every phase) is llmfleet.collverdict.
+works as ansible.module_utils.llmfleet.nccl_check. What the results mean (one world's verdict, the
+fleet's after every phase) is llmfleet.nccl_verdict.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from .collverdict import judge
+from .nccl_verdict import judge
 
 OPS = ("all_reduce", "broadcast", "sendrecv", "all_gather")
 DTYPES = ("fp32", "bf16")
@@ -370,7 +370,7 @@ def launch_local(a: argparse.Namespace) -> int:
     deadline, print a summary JSON with every rank's result."""
     port = a.port or free_port()
     procs = []
-    base = [sys.executable, "-m", __spec__.name if __spec__ else "llmfleet.collcheck", "rank"]
+    base = [sys.executable, "-m", __spec__.name if __spec__ else "llmfleet.nccl_check", "rank"]
     for r in range(a.nproc):
         argv = [*base, "--rank", str(r), "--world", str(a.nproc), "--local-rank", str(r), "--master", "127.0.0.1",
                 "--port", str(port), *_common_args(a)]  # fmt: skip
@@ -428,7 +428,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="llmfleet.collcheck", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="llmfleet.nccl_check", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     rp = sub.add_parser("rank", help="run one rank")
     rp.add_argument("--rank", type=int, required=True)
@@ -504,7 +504,7 @@ def run_node_ranks(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def rank_argv(spec: dict[str, Any], rank: int, local: int, numactl: str | None) -> list[str]:
     """The command of one rank; bound to its GPU's NUMA node (CPUs and memory) when the topology
     gave one (spec['numa_nodes'][local]) and numactl is installed, as engines pin their ranks."""
-    argv = [spec["python"], "-m", "llmfleet.collcheck", "rank", "--rank", str(rank), "--world", str(spec["world"]),
+    argv = [spec["python"], "-m", "llmfleet.nccl_check", "rank", "--rank", str(rank), "--world", str(spec["world"]),
             "--local-rank", str(local), "--master", spec["master"], "--port", str(spec["port"]),
             "--deadline", str(spec["deadline"]), *spec.get("args", [])]  # fmt: skip
     delay = (spec.get("delay_ranks") or {}).get(str(rank))

@@ -1,18 +1,18 @@
 #!/usr/bin/python
-"""Ansible module: run this node's ranks of one collective-check world and return their results."""
+"""Ansible module: run this node's ranks of one NCCL check world and return their results."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: llmfleet_collective_check
-short_description: Run this node's ranks of a collective-check world (NCCL or Gloo)
+module: llmfleet_nccl_check
+short_description: Run this node's ranks of an NCCL check world (NCCL or Gloo)
 description:
   - Starts one rank per entry of I(ranks) with the engine's Python (I(python)) and the node's fabric
     environment (I(env_file)), waits with a deadline (ranks that outlive it are killed), and returns each
     rank's JSON (wrong-element counts, busbw, culprit ranks, phases of stalled ranks).
   - Fire it async on every node of the world at once, then poll.
-  - Read-only; the logic lives in C(llmfleet.collcheck).
+  - Read-only; the logic lives in C(llmfleet.nccl_check).
 options:
   python:
     description: The engine's Python (torch and the NCCL the engine uses).
@@ -103,7 +103,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Ranks of the full world
-  llmfleet_collective_check:
+  llmfleet_nccl_check:
     python: /opt/engine/bin/python
     world: 32
     master: 10.10.0.11
@@ -131,7 +131,7 @@ skipped_in_check_mode:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.collcheck import read_env_file, run_node_ranks
+from ansible.module_utils.llmfleet.nccl_check import read_env_file, run_node_ranks
 
 
 def argument_spec() -> dict:
@@ -206,9 +206,7 @@ def run(module: AnsibleModule) -> None:
     try:
         ranks = run_node_ranks(spec)
     except OSError as e:  # the engine's Python (or numactl) cannot be started
-        module.fail_json(
-            msg=f"cannot start the collective-check ranks with {p['python']}: {e}; check llmfleet_engine_python"
-        )
+        module.fail_json(msg=f"cannot start the NCCL check ranks with {p['python']}: {e}; check llmfleet_engine_python")
     module.exit_json(changed=False, ranks=ranks, ok=all(r.get("ok") for r in ranks))
 
 

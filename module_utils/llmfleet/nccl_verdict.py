@@ -1,4 +1,4 @@
-"""Collective check verdicts: what the ranks' JSON results (from llmfleet.collcheck) say about one
+"""NCCL check verdicts: what the ranks' JSON results (from llmfleet.nccl_check) say about one
 world, and, on the ops host, about the fleet after the three phases (every node alone, the full
 world, pairwise rounds): culprit ranks, ranks that never arrived, bad or slow nodes, bad links.
 

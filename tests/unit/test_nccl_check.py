@@ -1,6 +1,6 @@
-"""Collective check, the rank program: exact values, nccl-tests formulas, the command line, the
+"""NCCL check, the rank program: exact values, nccl-tests formulas, the command line, the
 ranks' argv, and real gloo worlds on this host (one process per rank) with a corrupting rank and a
-rank that never arrives. What the results mean is tests/unit/test_collverdict.py."""
+rank that never arrives. What the results mean is tests/unit/test_nccl_verdict.py."""
 
 import itertools
 import json
@@ -10,28 +10,28 @@ import time
 
 import pytest
 
-from llmfleet import collcheck, collverdict
+from llmfleet import nccl_check, nccl_verdict
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8, 16, 31, 32, 63, 64])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_values_are_exact_in_the_dtype(world, dtype):
     torch = pytest.importorskip("torch")
-    assert collcheck.check_exactness(world, dtype)
+    assert nccl_check.check_exactness(world, dtype)
     tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
     # simulate the sum in the dtype itself, rank by rank, as a reduction would
     idx = torch.arange(1024)
     acc = torch.zeros(1024, dtype=tdt)
     for r in range(world):
-        acc = acc + (((idx + r) % collcheck.PATTERN) + 1).to(tdt)
-    want = torch.tensor(collcheck.allreduce_expected(world), dtype=tdt)[idx % collcheck.PATTERN]
+        acc = acc + (((idx + r) % nccl_check.PATTERN) + 1).to(tdt)
+    want = torch.tensor(nccl_check.allreduce_expected(world), dtype=tdt)[idx % nccl_check.PATTERN]
     assert torch.equal(acc, want)
     assert torch.equal(((idx % 251) + 1).to(tdt).to(torch.int64), (idx % 251) + 1)  # broadcast pattern
 
 
 def test_bf16_would_break_beyond_the_design_limit():
     """The check above can fail: at 128 ranks the bf16 sum is no longer exact."""
-    assert not collcheck.check_exactness(128, "bf16")
+    assert not nccl_check.check_exactness(128, "bf16")
 
 
 @pytest.mark.parametrize(
@@ -40,32 +40,32 @@ def test_bf16_would_break_beyond_the_design_limit():
      ("broadcast", 8, 1.0), ("sendrecv", 8, 1.0), ("all_reduce", 1, 0.0)],
 )  # fmt: skip
 def test_bus_factor_is_nccl_tests(op, world, factor):
-    assert collcheck.bus_factor(op, world) == pytest.approx(factor)
+    assert nccl_check.bus_factor(op, world) == pytest.approx(factor)
 
 
 @pytest.mark.parametrize(("text", "n"), [("8", 8), ("1K", 1024), ("64M", 64 * 2**20), ("1G", 2**30), ("4KB", 4096)])
 def test_parse_size(text, n):
-    assert collcheck.parse_size(text) == n
+    assert nccl_check.parse_size(text) == n
 
 
 def test_default_sweeps():
-    gpu = collcheck.size_sweep(8, 2**30)
+    gpu = nccl_check.size_sweep(8, 2**30)
     assert gpu[0] == 8 and gpu[-2:] == [2**29, 2**30]
     assert all(b == a * 4 for a, b in itertools.pairwise(gpu[:-1]))
 
 
 def test_module_entry_point_checks_its_arguments_without_torch():
-    """`python -m llmfleet.collcheck` is the command every node runs: bad ops/dtypes fail as usage errors."""
-    cp = subprocess.run([sys.executable, "-m", "llmfleet.collcheck", "local", "--nproc", "1", "--backend", "gloo",
+    """`python -m llmfleet.nccl_check` is the command every node runs: bad ops/dtypes fail as usage errors."""
+    cp = subprocess.run([sys.executable, "-m", "llmfleet.nccl_check", "local", "--nproc", "1", "--backend", "gloo",
                          "--ops", "all_reduce,nope"], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert cp.returncode == 2 and "unknown op/dtype ['nope']" in cp.stderr
-    cp = subprocess.run([sys.executable, "-m", "llmfleet.collcheck", "rank", "--help"], capture_output=True, text=True,
+    cp = subprocess.run([sys.executable, "-m", "llmfleet.nccl_check", "rank", "--help"], capture_output=True, text=True,
                         timeout=60, check=False)  # fmt: skip
     assert cp.returncode == 0 and "--corrupt-rank" in cp.stdout
 
 
 def local(*args, timeout=180):
-    cp = subprocess.run([sys.executable, "-m", "llmfleet.collcheck", "local", "--backend", "gloo", "--compact",
+    cp = subprocess.run([sys.executable, "-m", "llmfleet.nccl_check", "local", "--backend", "gloo", "--compact",
                          "--iters", "2", "--warmup", "1", *args], capture_output=True, text=True, timeout=timeout,
                         check=False)  # fmt: skip
     return cp.returncode, json.loads(cp.stdout)
@@ -76,7 +76,7 @@ def test_gloo_world_passes_with_exact_values():
     rc, out = local("--nproc", "4", "--sizes", "8,4K,256K", "--deadline", "120")
     assert rc == 0 and out["ok"], out["verdict"]
     r0 = out["ranks"][0]["results"]
-    assert {(x["op"], x["dtype"]) for x in r0} == {(o, d) for o in collcheck.OPS for d in collcheck.DTYPES}
+    assert {(x["op"], x["dtype"]) for x in r0} == {(o, d) for o in nccl_check.OPS for d in nccl_check.DTYPES}
     assert all(x["wrong"] == 0 for x in r0) and all(x["busbw_GBps"] >= 0 for x in r0)
 
 
@@ -91,17 +91,17 @@ def test_a_corrupting_rank_is_named(op):
 
 def test_a_rank_that_never_arrives_is_named_without_hanging():
     pytest.importorskip("torch")
-    port = str(collcheck.free_port())
+    port = str(nccl_check.free_port())
     common = ["--world", "3", "--master", "127.0.0.1", "--port", port, "--backend", "gloo", "--ops", "all_reduce",
               "--sizes", "8", "--iters", "1", "--warmup", "0", "--timeout", "5", "--op-timeout", "5", "--deadline", "40"]  # fmt: skip
     t0 = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-m", "llmfleet.collcheck", "rank", "--rank", str(r), *common],
+    procs = [subprocess.Popen([sys.executable, "-m", "llmfleet.nccl_check", "rank", "--rank", str(r), *common],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in (0, 1)]  # fmt: skip
     outs = [p.communicate(timeout=60)[0] for p in procs]
     elapsed = time.monotonic() - t0
     ranks = [json.loads(o.strip().splitlines()[-1]) for o in outs]
-    assert all(p.returncode in (collcheck.EXIT_ERROR, collcheck.EXIT_TIMEOUT) for p in procs)
-    verdict = collverdict.judge(ranks)
+    assert all(p.returncode in (nccl_check.EXIT_ERROR, nccl_check.EXIT_TIMEOUT) for p in procs)
+    verdict = nccl_verdict.judge(ranks)
     assert verdict["missing_ranks"] == [2], (verdict, ranks)
     assert elapsed < 40, f"took {elapsed:.0f}s: the timeouts did not bound it"
 
@@ -109,9 +109,9 @@ def test_a_rank_that_never_arrives_is_named_without_hanging():
 def test_ranks_are_bound_to_their_gpus_numa_node_when_known():
     spec = {"python": "/py", "world": 16, "master": "10.0.0.1", "port": 29600, "deadline": 60, "args": ["--backend", "nccl"],
             "numa_nodes": [0, 0, 0, 0, 1, 1, 1, 1]}  # fmt: skip
-    argv = collcheck.rank_argv(spec, 13, 5, "/usr/bin/numactl")
+    argv = nccl_check.rank_argv(spec, 13, 5, "/usr/bin/numactl")
     assert argv[:3] == ["/usr/bin/numactl", "--cpunodebind=1", "--membind=1"]
-    assert argv[3:9] == ["/py", "-m", "llmfleet.collcheck", "rank", "--rank", "13"]
-    assert collcheck.rank_argv(spec, 13, 5, None)[0] == "/py"  # no numactl: unbound, not an error
-    assert collcheck.rank_argv({**spec, "numa_nodes": []}, 1, 1, "/usr/bin/numactl")[0] == "/py"
-    assert collcheck.rank_argv({**spec, "numa_nodes": [None]}, 0, 0, "/usr/bin/numactl")[0] == "/py"
+    assert argv[3:9] == ["/py", "-m", "llmfleet.nccl_check", "rank", "--rank", "13"]
+    assert nccl_check.rank_argv(spec, 13, 5, None)[0] == "/py"  # no numactl: unbound, not an error
+    assert nccl_check.rank_argv({**spec, "numa_nodes": []}, 1, 1, "/usr/bin/numactl")[0] == "/py"
+    assert nccl_check.rank_argv({**spec, "numa_nodes": [None]}, 0, 0, "/usr/bin/numactl")[0] == "/py"

@@ -1,8 +1,8 @@
-"""llmfleet_collective_check: options -> the rank spec handed to collcheck.run_node_ranks."""
+"""llmfleet_nccl_check: options -> the rank spec handed to nccl_check.run_node_ranks."""
 
 import pytest
 
-import llmfleet_collective_check as mod
+import llmfleet_nccl_check as mod
 from tests.unit.modules.util import Recorder, fail, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")
@@ -80,5 +80,5 @@ def test_bad_options_fail_naming_them(monkeypatch, tmp_path, over, text, check):
 def test_a_python_that_cannot_start_is_a_failure(monkeypatch, tmp_path):
     monkeypatch.setattr(mod, "run_node_ranks", Recorder(raises=FileNotFoundError(2, "No such file or directory")))
     msg = fail(mod, base(tmp_path))["msg"]
-    assert msg.startswith("cannot start the collective-check ranks with /opt/engine/bin/python:")
+    assert msg.startswith("cannot start the NCCL check ranks with /opt/engine/bin/python:")
     assert "check llmfleet_engine_python" in msg

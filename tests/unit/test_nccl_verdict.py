@@ -1,19 +1,19 @@
-"""Collective check verdicts: one world's (judge), pairwise rounds, bad node / bad link isolation,
+"""NCCL check verdicts: one world's (judge), pairwise rounds, bad node / bad link isolation,
 busbw floors per GPU model, and the fleet's verdict after every phase."""
 
 import pytest
 
-from llmfleet import collverdict
-from llmfleet.collverdict import fleet_verdict
+from llmfleet import nccl_verdict
+from llmfleet.nccl_verdict import fleet_verdict
 
 
 def test_judge_verdicts():
-    ok = collverdict.judge([{"rank": 0, "ok": True}, {"rank": 1, "ok": True}])
+    ok = nccl_verdict.judge([{"rank": 0, "ok": True}, {"rank": 1, "ok": True}])
     assert ok["ok"] and ok["verdict"].startswith("PASS")
-    bad = collverdict.judge([{"rank": 0, "ok": False, "wrong": 3, "culprit_ranks": [1]},
+    bad = nccl_verdict.judge([{"rank": 0, "ok": False, "wrong": 3, "culprit_ranks": [1]},
                              {"rank": 1, "ok": False, "wrong": 3, "culprit_ranks": [1]}])  # fmt: skip
     assert bad["culprit_ranks"] == [1] and "contribution of rank(s) [1]" in bad["verdict"]
-    missing = collverdict.judge([{"rank": 0, "ok": False, "error": "timeout", "stalled": {"0": "rendezvous", "1": "missing"}},
+    missing = nccl_verdict.judge([{"rank": 0, "ok": False, "error": "timeout", "stalled": {"0": "rendezvous", "1": "missing"}},
                                  {"rank": 1, "ok": False, "error": "no result"}])  # fmt: skip
     assert missing["missing_ranks"] == [1] and "rank(s) [1] never arrived" in missing["verdict"]
 
@@ -29,14 +29,14 @@ def test_judge_verdicts():
     ],
 )  # fmt: skip
 def test_judge_without_culprits_or_missing_ranks(ranks, verdict):
-    v = collverdict.judge(ranks)
+    v = nccl_verdict.judge(ranks)
     assert not v["ok"] and v["verdict"] == verdict and v["culprit_ranks"] == v["missing_ranks"] == []
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9])
 def test_pair_rounds_cover_every_pair_once_and_run_in_parallel(n):
     nodes = [f"n{i}" for i in range(n)]
-    rounds = collverdict.pair_rounds(nodes)
+    rounds = nccl_verdict.pair_rounds(nodes)
     pairs = [p for r in rounds for p in r]
     assert len(pairs) == len(set(pairs)) == n * (n - 1) // 2
     for r in rounds:
@@ -58,7 +58,7 @@ def test_pair_rounds_cover_every_pair_once_and_run_in_parallel(n):
     ],
 )  # fmt: skip
 def test_isolate_names_bad_nodes_and_links(single, pairs, nodes, links):
-    assert collverdict.isolate(single, pairs) == {"bad_nodes": nodes, "bad_links": links}
+    assert nccl_verdict.isolate(single, pairs) == {"bad_nodes": nodes, "bad_links": links}
 
 
 def _single(busbw):
@@ -69,10 +69,10 @@ def test_slow_node_is_named_by_its_models_floor():
     floors = {"H20": 300, "H200": 400}
     single = {"n1": _single(455.0), "n2": _single(380.0), "n3": _single(310.0), "n4": _single(100.0)}
     models = {"n1": "NVIDIA H200", "n2": "NVIDIA H200", "n3": "NVIDIA H20", "n4": "Tesla T4"}
-    slow = collverdict.slow_nodes(single, floors, models, 2**30)
+    slow = nccl_verdict.slow_nodes(single, floors, models, 2**30)
     assert list(slow) == ["n2"]  # H200 judged by its own floor, not H20's; a model without a floor is not judged
     assert "380 GB/s" in slow["n2"] and "floor 400" in slow["n2"]
-    assert collverdict.slow_nodes(single, {}, models, 2**30) == {}
+    assert nccl_verdict.slow_nodes(single, {}, models, 2**30) == {}
 
 
 def test_fleet_verdict_passes_then_names_a_rank_that_never_arrived():
