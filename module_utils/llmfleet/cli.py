@@ -14,7 +14,7 @@ import re
 import sys
 from collections.abc import Callable
 
-from . import __version__
+from . import __version__, accept
 from .manifest import HEX40
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -327,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--check", action="store_true", help="say what would be copied, change nothing")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_stage)
+
+    ac = sub.add_parser("accept", help="the API acceptance gate against a running endpoint (docs/acceptance.md)")
+    accept.add_arguments(ac)
+    ac.set_defaults(func=accept.run)
 
     # Listed for --help only: main() hands `exec` its raw argv (everything after `--` is the engine's).
     sub.add_parser("exec", help="run an engine as a unit's main process (llmfleet exec [options] -- CMD...)")
