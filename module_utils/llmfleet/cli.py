@@ -14,7 +14,7 @@ import re
 import sys
 from collections.abc import Callable
 
-from . import __version__, accept
+from . import __version__, accept, servebench
 from .manifest import HEX40
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -267,6 +267,13 @@ def _cmd_topology(args: argparse.Namespace) -> int:
     return 0
 
 
+# Subcommands whose module brings its own arguments and runner (add_arguments, run).
+PLUGGED = (
+    ("accept", accept, "the API acceptance gate against a running endpoint (docs/acceptance.md)"),
+    ("bench", servebench, "serving benchmark of an endpoint with the engine's own tool (docs/bench-serving.md)"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmfleet", description="Bare-metal GPU nodes to a verified LLM endpoint.")
     ap.add_argument("--version", action="version", version=f"llmfleet {__version__}")
@@ -328,9 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_stage)
 
-    ac = sub.add_parser("accept", help="the API acceptance gate against a running endpoint (docs/acceptance.md)")
-    accept.add_arguments(ac)
-    ac.set_defaults(func=accept.run)
+    for name, mod, text in PLUGGED:
+        pp = sub.add_parser(name, help=text)
+        mod.add_arguments(pp)
+        pp.set_defaults(func=mod.run)
 
     # Listed for --help only: main() hands `exec` its raw argv (everything after `--` is the engine's).
     sub.add_parser("exec", help="run an engine as a unit's main process (llmfleet exec [options] -- CMD...)")
