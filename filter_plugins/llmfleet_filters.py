@@ -141,9 +141,17 @@ def llmfleet_pd_gate_nodes(hostvars: Mapping, nodes: list) -> list:
     return rows
 
 
+def llmfleet_accept_table(report: Mapping) -> str:
+    """The acceptance report (llmfleet accept --json) as the table the CLI prints."""
+    from llmfleet.accept import render_table
+
+    return render_table(dict(report))
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
+            "llmfleet_accept_table": llmfleet_accept_table,
             "llmfleet_duplicates": llmfleet_duplicates,
             "llmfleet_node_order": llmfleet_node_order,
             "llmfleet_layout_error": llmfleet_layout_error,

@@ -470,3 +470,32 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
         return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the double until --lifetime runs out (molecule's acceptance scenario starts it in the
+    background): python -m tests.helpers.fake_openai --port-file F [--model M] [--faults a,b]."""
+    import argparse
+    import os
+
+    ap = argparse.ArgumentParser(description="the acceptance checker's test double of an OpenAI-compatible API")
+    ap.add_argument("--port-file", required=True, help="where the chosen port is written (atomically)")
+    ap.add_argument("--model", default="det")
+    ap.add_argument("--faults", default="", help=f"comma-separated, from: {', '.join(sorted(FAULTS))}")
+    ap.add_argument("--lifetime", type=float, default=300.0, help="seconds to serve, then exit (never left running)")
+    a = ap.parse_args(argv)
+    fake = FakeOpenAI(a.model, tuple(f for f in a.faults.split(",") if f))
+    url = fake.start()
+    tmp = a.port_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(url.rsplit(":", 1)[1])
+    os.replace(tmp, a.port_file)
+    try:
+        time.sleep(a.lifetime)
+    finally:
+        fake.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

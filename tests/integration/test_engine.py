@@ -89,7 +89,7 @@ def test_second_converge_restarts_nothing(prepared):
 def test_api_key_stays_out_of_argv_unit_and_logs(prepared):
     lab = prepared
     key = "sk-llmfleet-test-0123456789"
-    cp = engine("-e", f"engine_api_key={key}", check=True)
+    cp = engine("-e", f"llmfleet_api_key={key}", check=True)
     assert key not in cp.stdout + cp.stderr
     for n in NODES:
         text = ssh(lab, n, f"cat /etc/systemd/system/{UNIT}; ps -eo args; journalctl -u {UNIT} --no-pager").stdout

@@ -9,6 +9,7 @@ import re
 import time
 
 import pytest
+import yaml
 
 from tests.helpers.det_model import write_det_model
 from tests.integration.conftest import ROOT, run_ansible, ssh
@@ -74,6 +75,43 @@ def test_real_vllm_reaches_ready_and_answers_703(real):
     home = re.search(r"^HOME=(.*)$", env, re.M).group(1)
     assert home.startswith("/mnt/nvme/llmfleet/cache/real/"), env
     assert f"VLLM_CACHE_ROOT={home}/vllm" in env
+
+
+def test_acceptance_and_serving_benchmark_against_the_real_engine(real, tmp_path):
+    """After the gate: the acceptance role (llmfleet accept, with the det model's profile) and the bench
+    role (the real `vllm bench serve` of the CPU build, a 2x2 matrix, 2 rounds) against the endpoint the
+    engine role published."""
+    # The parsers the det model's acceptance profile expects (docs/acceptance.md).
+    parsers = ["--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    extra = real_vars()[1]
+    args = json.loads(extra)["engine_extra_args"] + parsers
+    cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path), engine_extra_args=args))
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    published = json.loads((tmp_path / "endpoint-real.json").read_text())
+    assert published["model"] == "det-model" and published["engine"] == "vllm", published
+    profile = yaml.safe_load((ROOT / "tests/fixtures/accept/det-model.yml").read_text())
+    profile["model"] = "det-model"
+    (tmp_path / "profile.yml").write_text(yaml.safe_dump(profile))
+    cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path), acceptance_profile=str(tmp_path / "profile.yml")),
+                playbook="playbooks/acceptance.yml")  # fmt: skip
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    report = json.loads((tmp_path / "acceptance-real.json").read_text())
+    assert report["accepted"], report["summary"]
+    verdicts = {c["name"]: c["verdict"] for c in report["checks"]}
+    # Hard gates, and what the det model and these parsers support; what it cannot do is reported.
+    assert {k: verdicts[k] for k in ("models", "answer", "stream", "reasoning", "tools")} == dict.fromkeys(
+        ("models", "answer", "stream", "reasoning", "tools"), "pass"
+    ), verdicts
+    assert verdicts["multi_turn"] == "fail", verdicts
+    matrix = {"input_len": [32, 64], "output_len": [8], "concurrency": [1, 2]}
+    cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path), bench_matrix=matrix, bench_rounds=2, bench_run_timeout=300),
+                playbook="playbooks/bench.yml", timeout=1200)  # fmt: skip
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    results = json.loads((tmp_path / "bench-real/results.json").read_text())
+    assert results["ok"] and len(results["cases"]) == 4, results
+    assert all(c["status"] == "OK" for c in results["cases"]), results["cases"]
+    assert (tmp_path / "bench-real/report.md").read_text().count("<svg") == 1
+    assert list((tmp_path / "bench-real/raw").iterdir()), "the tool's raw outputs were not kept"
 
 
 def test_real_worker_sigkill_is_a_failure_and_systemd_restarts_it(real):

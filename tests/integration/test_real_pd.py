@@ -63,7 +63,7 @@ def pd_vars():
         # The CPU platform only allows host memory for NIXL's KV buffers.
         "engine_kv_transfer_config": {"kv_connector": "NixlConnector", "kv_buffer_device": "cpu"},
         "engine_pd_router_command": [str(VENV / "bin/vllm-router")],
-        "engine_api_key": KEY,
+        "llmfleet_api_key": KEY,
         "engine_ready_deadline": 420,
         "engine_start_timeout": 600,
         "engine_restart_sec": 2,

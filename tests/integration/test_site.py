@@ -14,7 +14,7 @@ def test_site_installs_runtime_and_reports(lab, tmp_path):
     assert sum(line.startswith("| node") and "| systemd |" in line for line in md.splitlines()) == LAB_NODES
     # the lab's engine serves on every address without a key: the report says so, not only the play output
     assert "## Warnings" in md and "node1 serves the sglang API of demo" in md, md[:2000]
-    assert any("with no engine_api_key" in w for w in report["warnings"])
+    assert any("with no llmfleet_api_key" in w for w in report["warnings"])
     # the demo model was staged on every node, reading shared storage once for the fleet
     stage = json.loads((tmp_path / "stage-demo-model.json").read_text())["nodes"]
     assert sorted(stage) == sorted(report["nodes"])
@@ -27,6 +27,13 @@ def test_site_installs_runtime_and_reports(lab, tmp_path):
     # and the staged revision verifies with it
     rev = stage["node2"]["revision"]
     assert ssh(lab, "node2", f"llmfleet checkpoint verify /mnt/nvme/models/demo-model/{rev}").returncode == 0
+    # site.yml ends with acceptance: the endpoint the engine role published passed the hard gates
+    endpoint = json.loads((tmp_path / "endpoint-demo.json").read_text())
+    assert endpoint["url"] == "http://10.77.0.11:30000" and endpoint["model"] == "demo-model", endpoint
+    accepted = json.loads((tmp_path / "acceptance-demo.json").read_text())
+    assert accepted["accepted"], accepted["summary"]
+    assert [c["verdict"] for c in accepted["checks"] if c["kind"] == "gate"] == ["pass"] * 3
+    assert "ACCEPTED" in (tmp_path / "acceptance-demo.md").read_text()
 
 
 def test_site_refuses_a_contradictory_inventory(lab, tmp_path):

@@ -89,7 +89,13 @@ def results(tmp_path):
 
 
 def spec():
-    return yaml.safe_load((ROLE / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    """The engine role's options with the fleet contract's (roles/llmfleet, loaded first by every play)."""
+
+    def opts(role):
+        path = ROOT / "roles" / role / "meta/argument_specs.yml"
+        return yaml.safe_load(path.read_text())["argument_specs"]["main"]["options"]
+
+    return {**opts("llmfleet"), **opts("engine")}
 
 
 @pytest.mark.parametrize(
@@ -105,7 +111,7 @@ def test_enumerated_variables_have_choices(var, choices):
     assert spec()[var].get("choices") == choices
 
 
-@pytest.mark.parametrize("var", ["engine_api_key", "engine_secret_env"])
+@pytest.mark.parametrize("var", ["llmfleet_api_key", "engine_secret_env"])
 def test_secret_variables_are_no_log(var):
     assert spec()[var].get("no_log") is True
 
@@ -116,7 +122,7 @@ def test_argument_validation_never_shows_the_key():
     opts = spec()
     given = {k: o["default"] for k, o in opts.items() if "default" in o}
     given.update(engine_model_path="/m", engine_served_model_name="m")
-    given.update(engine_api_key=KEY, engine_secret_env={"HF_TOKEN": HF}, engine_profile="bogus")
+    given.update(llmfleet_api_key=KEY, engine_secret_env={"HF_TOKEN": HF}, engine_profile="bogus")
     res = ArgumentSpecValidator(opts).validate(given, validate_role_argument_spec=True)
     # Ansible masks these values in everything it prints for the validation task.
     assert {KEY, HF} <= res._no_log_values
@@ -130,7 +136,7 @@ def test_argument_validation_never_shows_the_key():
 def test_open_api_without_a_key_is_a_loud_warning(tmp_path):
     rc, out, _ = play(tmp_path)
     assert rc == 0, out[-3000:]
-    assert "WARNING: localhost serves the sglang API of demo on 0.0.0.0:30000 with no engine_api_key" in out
+    assert "WARNING: localhost serves the sglang API of demo on 0.0.0.0:30000 with no llmfleet_api_key" in out
 
 
 def test_open_api_without_a_key_is_an_error_when_required(tmp_path):
@@ -142,7 +148,7 @@ def test_open_api_without_a_key_is_an_error_when_required(tmp_path):
 @pytest.mark.parametrize(
     "extra",
     [
-        {"engine_api_key": KEY},
+        {"llmfleet_api_key": KEY},
         {"engine_host": "127.0.0.1"},
         {"engine_host": "", "engine_profile": "sglang"},  # SGLang's default host is 127.0.0.1
     ],
@@ -177,7 +183,7 @@ def test_secret_looking_engine_env_is_refused_without_showing_the_value(tmp_path
 
 
 def test_secret_env_goes_through_credentials_and_the_wrapper(tmp_path):
-    rc, out, d = play(tmp_path, engine_api_key=KEY, engine_secret_env={"WANDB_API_KEY": "w" * 12, "HF_TOKEN": HF})
+    rc, out, d = play(tmp_path, llmfleet_api_key=KEY, engine_secret_env={"WANDB_API_KEY": "w" * 12, "HF_TOKEN": HF})
     assert rc == 0, out[-3000:]
     got, unit = results(d)
     assert got["secret_args"] == ["--secret-config", "config:api-key=api-key", "--secret-env", "HF_TOKEN=env-HF_TOKEN",
@@ -202,12 +208,12 @@ def test_secret_env_goes_through_credentials_and_the_wrapper(tmp_path):
     [
         (
             {"engine_extra_args": ["--api-key", KEY]},
-            "the engine command line carries --api-key: set engine_api_key instead",
+            "the engine command line carries --api-key: set llmfleet_api_key instead",
         ),
         ({"engine_extra_args": [f"--admin-api-key={HF}"]}, "carries --admin-api-key"),
         (
-            {"engine_api_key": KEY, "engine_profile": "custom", "engine_custom_argv": ["serve", f"--token={KEY}"]},
-            "the value of engine_api_key appears in the engine command line or engine_env",
+            {"llmfleet_api_key": KEY, "engine_profile": "custom", "engine_custom_argv": ["serve", f"--token={KEY}"]},
+            "the value of llmfleet_api_key appears in the engine command line or engine_env",
         ),
         (
             {"engine_secret_env": {"HF_TOKEN": HF}, "engine_env": {"HF_HOME": f"/x/{HF}"}},
@@ -229,7 +235,7 @@ def test_bad_secret_env_names_are_refused(tmp_path, name):
 
 
 def test_vllm_gets_the_key_as_an_environment_variable(tmp_path):
-    rc, out, d = play(tmp_path, engine_profile="vllm", engine_api_key=KEY)
+    rc, out, d = play(tmp_path, engine_profile="vllm", llmfleet_api_key=KEY)
     assert rc == 0, out[-3000:]
     assert results(d)[0]["secret_args"] == ["--secret-env", "VLLM_API_KEY=api-key"]
 
@@ -240,7 +246,7 @@ def test_vllm_gets_the_key_as_an_environment_variable(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: runs the privileged ExecStartPre")
 def test_exec_start_pre_copy_never_writes_as_root_into_the_runtime_directory(tmp_path, request):
-    rc, out, d = play(tmp_path, engine_api_key=KEY, engine_secret_env={"HF_TOKEN": HF},
+    rc, out, d = play(tmp_path, llmfleet_api_key=KEY, engine_secret_env={"HF_TOKEN": HF},
                       engine_credential_via="exec_start_pre", llmfleet_user="nobody", llmfleet_group="nogroup")  # fmt: skip
     assert rc == 0, out[-3000:]
     unit = results(d)[1]
@@ -315,7 +321,7 @@ def test_a_failed_unit_is_reset_before_it_is_started():
 def test_credential_tasks_are_no_log():
     for t in tasks("0020-install.yml"):
         text = json.dumps(t)
-        if ("engine_api_key }}" in text and "copy" in text) or "item.value" in text:
+        if ("llmfleet_api_key }}" in text and "copy" in text) or "item.value" in text:
             assert t.get("no_log") is True, t["name"]
 
 
@@ -415,7 +421,7 @@ def test_pd_roles_come_from_host_vars_and_each_instance_gets_its_side_channel(tm
 
 
 def test_pd_router_unit_is_hardened_and_lists_every_instance(tmp_path):
-    rc, out, d = pd_play(tmp_path, engine_api_key=KEY, engine_credential_via="exec_start_pre",
+    rc, out, d = pd_play(tmp_path, llmfleet_api_key=KEY, engine_credential_via="exec_start_pre",
                          engine_pd_router_command=["/opt/v/bin/vllm-router"], engine_pd_router_extra_args=["--policy", "round_robin"])  # fmt: skip
     assert rc == 0, out[-3000:]
     unit = (d / "llmfleet-pd-router.service").read_text()
@@ -427,20 +433,23 @@ def test_pd_router_unit_is_hardened_and_lists_every_instance(tmp_path):
     )  # fmt: skip
     for line in ("Type=notify", "User=llmfleet", "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes",
                  "KillMode=mixed", "Restart=on-failure", "TimeoutStopSec=120", "TimeoutStartSec=3660",
-                 "ReadWritePaths=/var/lib/llmfleet/engine/pd", "After=network-online.target llmfleet-pd.service",
+                 "ReadWritePaths=/var/lib/llmfleet/engine/pd", "After=network-online.target",
                  "Environment=CREDENTIALS_DIRECTORY=/run/llmfleet-pd-router"):  # fmt: skip
         assert re.search(rf"^{re.escape(line)}$", unit, re.M), line
+    # Not ordered after the instance: its start job would wait for the instance's READY, the router
+    # meanwhile "inactive" and the gate failing on it (found in the lab).
+    assert "llmfleet-pd.service" not in "".join(re.findall(r"^(?:After|Requires|BindsTo)=.*$", unit, re.M))
     # The key: a credential copied by the engine user, handed over by the wrapper, never in the unit or argv.
     assert "/etc/llmfleet/credentials/pd.api-key" in unit and KEY not in unit and KEY not in out
-    # vllm-router checks no key: on every address it is a warning even with engine_api_key.
+    # vllm-router checks no key: on every address it is a warning even with llmfleet_api_key.
     assert "WARNING: pd1 serves the P/D router of pd on 0.0.0.0:30000, and vllm-router does not check API keys" in out
     assert "the router holds it and answers any caller" in out
 
 
 def test_pd_router_on_every_address_is_an_error_when_keys_are_required(tmp_path):
-    rc, out, _ = pd_play(tmp_path, engine_api_key=KEY, engine_require_api_key=True)
+    rc, out, _ = pd_play(tmp_path, llmfleet_api_key=KEY, engine_require_api_key=True)
     assert rc == 2 and "vllm-router checks no API key, and engine_require_api_key is true" in out, out[-3000:]
-    rc, out, _ = pd_play(tmp_path, engine_api_key=KEY, engine_require_api_key=True, engine_pd_router_host="10.0.0.1")
+    rc, out, _ = pd_play(tmp_path, llmfleet_api_key=KEY, engine_require_api_key=True, engine_pd_router_host="10.0.0.1")
     assert rc == 0 and "WARNING" not in out, out[-3000:]
 
 

@@ -41,6 +41,7 @@ def test_registered_name():
 
 def test_every_filter_name_is_registered():
     assert sorted(FilterModule().filters()) == [
+        "llmfleet_accept_table",
         "llmfleet_cache_env",
         "llmfleet_duplicates",
         "llmfleet_engine_plan",

@@ -272,7 +272,13 @@ def test_out_of_range_variables_fail_before_the_role_does_anything(tmp_path, rol
 
 # llmfleet_* names that are not contract variables: per-host inventory facts, facts set by modules,
 # result fields, the node group's default name, filters and modules (their names share the prefix).
-NOT_CONTRACT = {"llmfleet_fabric_ip", "llmfleet_lab", "llmfleet_topology", "llmfleet_nodes", "llmfleet_version"}
+NOT_CONTRACT = {
+    "llmfleet_fabric_ip",
+    "llmfleet_lab",
+    "llmfleet_topology",
+    "llmfleet_nodes",
+    "llmfleet_version",
+}
 
 
 def test_every_shared_variable_a_role_reads_is_declared_once_by_the_contract():
