@@ -78,7 +78,8 @@ unknown:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.engine import PlanError, describe_unknown, help_text
+from ansible.module_utils.llmfleet.engine import PlanError, describe_unknown
+from ansible.module_utils.llmfleet.engine_node import help_text
 from ansible.module_utils.llmfleet.helpflags import parse_help_flags, unknown_flags
 
 

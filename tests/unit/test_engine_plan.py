@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import llmfleet_engine_flags
-from llmfleet import engine, helpflags
+from llmfleet import engine, engine_node, helpflags
 from llmfleet.engine import PlanError
 from tests.unit.module_utils import AnsibleExitJson, AnsibleFailJson, set_module_args
 
@@ -420,7 +420,9 @@ def test_prepare_cache_keeps_current_and_in_use(tmp_path):
         d.mkdir(parents=True)
         os.utime(d, (1000 + i, 1000 + i))
         olds.append(str(d))
-    res = engine.prepare_cache(str(root), "d" * 16, 2, uid=os.getuid(), gid=os.getgid(), in_use={olds[0]}, check=False)
+    res = engine_node.prepare_cache(
+        str(root), "d" * 16, 2, uid=os.getuid(), gid=os.getgid(), in_use={olds[0]}, check=False
+    )
     assert res["created"] and (root / ("d" * 16)).is_dir()
     # keep=2: the new one and the newest old one (c); b removed; a is in use so it stays.
     assert res["removed"] == [olds[1]]
@@ -446,4 +448,4 @@ def test_systemd_quoting_round_trip():
 
 def test_a_missing_router_names_its_variable():
     with pytest.raises(PlanError, match=r"vllm-router --help` failed \(exit 127\).*check engine_pd_router_command"):
-        engine.help_text(["/nonexistent/bin/vllm-router"], "router", timeout=10)
+        engine_node.help_text(["/nonexistent/bin/vllm-router"], "router", timeout=10)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import engine, safefs
+from llmfleet import engine_node, safefs
 from llmfleet.manifest import obtain_manifest
 from llmfleet.safefs import UnsafePathError
 from llmfleet.stage_errors import StageError
@@ -59,11 +59,13 @@ def engine_owned(path: Path) -> Path:
 
 
 def prepare(root, fp=FP, keep=2, check=False, in_use=frozenset()):
-    return engine.prepare_cache(str(root), fp, keep, uid=ENGINE_UID, gid=ENGINE_GID, in_use=set(in_use), check=check)
+    return engine_node.prepare_cache(
+        str(root), fp, keep, uid=ENGINE_UID, gid=ENGINE_GID, in_use=set(in_use), check=check
+    )
 
 
 # ---------------------------------------------------------------------------------------------
-# engine.prepare_cache
+# engine_node.prepare_cache
 
 
 def test_cache_dirs_are_created_and_chowned(tmp_path):
@@ -156,7 +158,7 @@ def test_in_use_cache_is_kept(tmp_path):
 
 
 def test_bad_fingerprint_is_refused(tmp_path):
-    with pytest.raises(engine.PlanError):
+    with pytest.raises(engine_node.PlanError):
         prepare(tmp_path, fp="../../etc")
 
 
