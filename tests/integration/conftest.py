@@ -58,3 +58,25 @@ def ssh(lab: labctl.Lab, node: str, command: str, check: bool = True) -> subproc
     if check and cp.returncode != 0:
         raise AssertionError(f"ssh {node} {command!r}: exit {cp.returncode}: {cp.stderr}")
     return cp
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant. Killing its process group is not enough for
+    ansible-playbook: its per-host workers start sessions of their own and were left running."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, found = [pid], []
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    for p in found:
+        try:
+            os.kill(p, 9)
+        except ProcessLookupError:
+            pass

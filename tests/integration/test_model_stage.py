@@ -12,7 +12,7 @@ import pytest
 from llmfleet import checkpoint, lease
 from llmfleet.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
-from tests.integration.conftest import LAB_NODES, ROOT, ansible_env, run_ansible, ssh
+from tests.integration.conftest import LAB_NODES, ROOT, ansible_env, kill_tree, run_ansible, ssh
 
 
 def rev(tag: str) -> str:
@@ -97,7 +97,7 @@ def test_kill_9_mid_copy_then_resume(lab, tmp_path):
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
             time.sleep(0.3)
     finally:
-        os.killpg(proc.pid, 9)
+        kill_tree(proc.pid)
         proc.wait()
     for i in range(1, LAB_NODES + 1):  # SIGKILL the node-side staging processes, as a crash would
         ssh(lab, f"node{i}", "pkill -9 -f '[A]nsiballZ_llmfleet_model_stage'; true")
