@@ -283,3 +283,51 @@ def test_a_unit_at_its_start_limit_comes_back_on_the_next_converge(prepared):
     assert cp.returncode == 0, cp.stdout[-4000:]
     assert "Clear the failed state" in cp.stdout
     assert ask() == "703"
+
+
+REV = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed"  # inventory/lab: model_stage_revision
+MODELS = "/mnt/nvme/models/demo-model"
+
+
+def test_a_node_restarting_alone_keeps_the_pinned_revision_and_its_peers_fabric_env(prepared):
+    """Staging flips `current` per node; a unit that systemd restarts alone must load what its peers loaded,
+    with their NCCL environment. The engine role refuses nodes that disagree, and a changed fabric env
+    restarts the whole deployment in order."""
+    lab = prepared
+    cp = engine()
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    assert f"{MODELS}/{REV}" in unit(lab, "node2", "ExecStart") and "current" not in unit(lab, "node2", "ExecStart")
+    new = "0" * 40
+    try:
+        # node2 finished staging a new revision (current moved) and its engine restarts alone.
+        ssh(
+            lab,
+            "node2",
+            f"mkdir -p {MODELS}/{new} && ln -sfn {new} {MODELS}/current.tmp && mv -T {MODELS}/current.tmp {MODELS}/current",
+        )
+        ssh(lab, "node2", "echo NCCL_SOCKET_IFNAME=wrong0 >> /etc/llmfleet/fabric.env")
+        ssh(lab, "node2", f"systemctl restart {UNIT} --no-block")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and f"{MODELS}/{REV}" not in sim_processes(lab, "node2"):
+            time.sleep(1)
+        assert f"{MODELS}/{REV}" in sim_processes(lab, "node2") and new not in sim_processes(lab, "node2")
+        pid = unit(lab, "node2", "MainPID")
+        environ = ssh(lab, "node2", f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
+        assert "NCCL_SOCKET_IFNAME=wrong0" not in environ, environ
+        # The role will not start a deployment whose nodes would load different revisions.
+        cp = engine()
+        assert cp.returncode != 0
+        assert "the nodes would load different revisions" in cp.stdout and f"node2 -> {MODELS}/{new}" in cp.stdout, (
+            cp.stdout[-3000:]
+        )
+    finally:
+        ssh(lab, "node2", f"ln -sfn {REV} {MODELS}/current && rm -rf {MODELS}/{new}")
+    # A changed fabric env (here: one more variable from the topology role) restarts every node in order.
+    before = {n: unit(lab, n, "InvocationID") for n in NODES}
+    cp = engine("-e", json.dumps({"topology_extra_env": {"NCCL_DEBUG": "WARN"}}))
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    assert ask() == "703"
+    for n in NODES:
+        assert unit(lab, n, "InvocationID") != before[n], n
+        assert "NCCL_DEBUG=WARN" in ssh(lab, n, "cat /etc/llmfleet/engine/demo.env").stdout, n
+

@@ -136,23 +136,3 @@ def test_real_worker_sigkill_is_a_failure_and_systemd_restarts_it(real):
     # Serving again: the gate (a second converge changes nothing and asks the question again).
     cp = engine(*real_vars())
     assert cp.returncode == 0, cp.stdout[-4000:]
-
-
-def test_real_vllm_across_two_nodes(real):
-    """TP2 with one rank on each lab node: node1 serves, node2 runs headless; both under the role,
-    ready by the real engine's own lines (the headless node's once-per-node READY line)."""
-    lab = real
-    engine(*real_vars(), playbook="playbooks/engine_stop.yml")
-    two = ["--limit", "node1,node2"]
-    run_ansible("ansible-playbook", "playbooks/base.yml", *two)
-    run_ansible("ansible-playbook", "playbooks/topology.yml", *two)
-    # One local rank per node: vLLM's automatic CPU binding suffices (no per-rank core list).
-    cp = run_ansible("ansible-playbook", "playbooks/engine.yml", *two,
-                     *real_vars(engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"}), check=False, timeout=900)  # fmt: skip
-    try:
-        assert cp.returncode == 0, cp.stdout[-6000:]
-        out = ssh(lab, "node2", f"journalctl -u {UNIT} -o cat --no-pager").stdout
-        assert "--headless" in ssh(lab, "node2", f"systemctl cat {UNIT}").stdout
-        assert re.search(r"Loading weights took|GiB for KV cache", out), out[-3000:]
-    finally:
-        run_ansible("ansible-playbook", "playbooks/engine_stop.yml", *two, *real_vars(), check=False)

@@ -34,6 +34,14 @@ def test_site_installs_runtime_and_reports(lab, tmp_path):
     assert accepted["accepted"], accepted["summary"]
     assert [c["verdict"] for c in accepted["checks"] if c["kind"] == "gate"] == ["pass"] * 3
     assert "ACCEPTED" in (tmp_path / "acceptance-demo.md").read_text()
+    # Now it serves: preflight (which binds and probes its ports) refuses, naming the way out.
+    cp = run_ansible(
+        "ansible-playbook", "playbooks/preflight.yml", "-e", f"llmfleet_report_dir={tmp_path}", check=False
+    )
+    assert cp.returncode != 0
+    nodes = ", ".join(f"node{i}" for i in range(1, LAB_NODES + 1))
+    assert f"demo is serving on {nodes} (llmfleet-demo.service is running)" in cp.stdout, cp.stdout[-3000:]
+    assert "llmfleet_stop_before_checks=true" in cp.stdout
 
 
 def test_site_refuses_a_contradictory_inventory(lab, tmp_path):

@@ -52,14 +52,26 @@ PLAY = """
 """
 BASE_VARS = {
     "llmfleet_deployment": "demo",
-    "engine_model_path": "/mnt/nvme/models/m/current",
     "engine_served_model_name": "m",
     "llmfleet_tp_size": 1,
     "ansible_host": "127.0.0.1",
 }
 
 
+REV_A, REV_B = "a" * 40, "b" * 40
+
+
+def staged(tmp_path, node="node", rev=REV_A):
+    """A staged model as model_stage leaves it: <root>/<model>/<revision>/ and `current` -> it."""
+    mdir = tmp_path / "models" / node / "m"
+    (mdir / rev).mkdir(parents=True, exist_ok=True)
+    (mdir / "current").unlink(missing_ok=True)
+    (mdir / "current").symlink_to(rev)
+    return mdir
+
+
 def play(tmp_path, **extra):
+    extra.setdefault("engine_model_path", str(staged(tmp_path) / "current"))
     (tmp_path / "play.yml").write_text(PLAY)
     # localhost as the fleet's one node and head: the fleet contract (a dependency of the role) checks that.
     (tmp_path / "inventory.yml").write_text(
@@ -352,6 +364,8 @@ PD_PLAY = """
         mode: "0644"
       vars:
         _engine_facts: {fingerprint: "0123456789abcdef", cache_dir: /mnt/nvme/llmfleet/cache/pd/0123456789abcdef}
+        # What the role reads from the topology role's fabric.env (comments and blank lines dropped).
+        _engine_fabric_raw: {content: "{{ '# WARNING: x\\n\\nNCCL_SOCKET_IFNAME=eth9\\nNCCL_IB_GID_INDEX=3\\n' | b64encode }}"}
 
     - name: The router unit (on the head)
       ansible.builtin.template:
@@ -381,11 +395,15 @@ all:
           hosts:
             pd1: {ansible_host: 10.9.0.1, llmfleet_fabric_ip: 10.0.0.1, engine_pd_role: prefill}
 """
-PD_VARS = {"llmfleet_deployment": "pd", "engine_profile": "vllm_pd", "engine_model_path": "/m", "engine_served_model_name": "m",
+PD_VARS = {"llmfleet_deployment": "pd", "engine_profile": "vllm_pd", "engine_served_model_name": "m",
            "llmfleet_tp_size": 1, "engine_kv_transfer_config": {"kv_connector": "NixlConnector", "kv_buffer_device": "cpu"}}  # fmt: skip
 
 
 def pd_play(tmp_path, **extra):
+    if "engine_model_path" not in extra:
+        for host in ("pd1", "pd2"):
+            staged(tmp_path, host)
+        extra["engine_model_path"] = str(tmp_path / "models" / "{{ inventory_hostname }}" / "m" / "current")
     (tmp_path / "play.yml").write_text(PD_PLAY)
     (tmp_path / "inventory.yml").write_text(PD_INVENTORY)
     bindir = os.path.dirname(sys.executable)
@@ -474,3 +492,45 @@ def test_pd_router_on_every_address_is_an_error_when_keys_are_required(tmp_path)
 def test_pd_plan_errors(tmp_path, extra, text):
     rc, out, _ = pd_play(tmp_path, **extra)
     assert rc == 2 and text in out, out[-3000:]
+
+
+def test_pd_env_starts_with_a_copy_of_the_fabric_env(tmp_path):
+    """A node restarting alone must keep its peers' NCCL environment: the unit reads a copy, not fabric.env."""
+    rc, out, d = pd_play(tmp_path)
+    assert rc == 0, out[-3000:]
+    env = (d / "pd1.env").read_text()
+    assert "\nNCCL_SOCKET_IFNAME=eth9\nNCCL_IB_GID_INDEX=3\n" in env and "WARNING: x" not in env
+    assert env.index("NCCL_SOCKET_IFNAME") < env.index("LLMFLEET_DEPLOYMENT")  # the deployment's own values win
+
+
+def test_the_unit_loads_the_revision_directory_never_current(tmp_path):
+    rc, out, d = play(tmp_path)
+    assert rc == 0, out[-3000:]
+    _, unit = results(d)
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert f"/models/node/m/{REV_A}" in exec_start and "current" not in exec_start, exec_start
+    assert "EnvironmentFile=/etc/llmfleet/fabric.env" not in unit  # the deployment env holds a copy
+
+
+def test_nodes_that_would_load_different_revisions_are_refused(tmp_path):
+    staged(tmp_path, "pd1", REV_A)
+    staged(tmp_path, "pd2", REV_B)
+    rc, out, _ = pd_play(
+        tmp_path, engine_model_path=str(tmp_path / "models" / "{{ inventory_hostname }}" / "m" / "current")
+    )
+    assert rc != 0
+    assert "the nodes would load different revisions" in out, out[-3000:]
+    assert f"pd1 -> {tmp_path}/models/pd1/m/{REV_A}" in out and f"pd2 -> {tmp_path}/models/pd2/m/{REV_B}" in out, out[
+        -3000:
+    ]
+
+
+def test_a_model_path_missing_on_a_node_is_named(tmp_path):
+    staged(tmp_path, "pd1", REV_A)
+    rc, out, _ = pd_play(
+        tmp_path, engine_model_path=str(tmp_path / "models" / "{{ inventory_hostname }}" / "m" / "current")
+    )
+    assert rc != 0
+    assert f"{tmp_path}/models/{{{{ inventory_hostname }}}}/m/current does not exist on pd2" in out or (
+        "does not exist on pd2: stage the model there first" in out
+    ), out[-3000:]
