@@ -65,8 +65,13 @@ class ActionModule(ActionBase):
                 except ValueError:
                     pass
             if time.monotonic() > deadline:
+                # The job goes on (until its async limit) and holds the model's staging lock: a rerun
+                # waits for it (model_stage_lock_wait) or fails naming it, and resumes once it is gone.
                 raise AnsibleActionFail(
                     f"{host}: staging still running after {args['timeout']} s (last progress: "
-                    f"{progress_line(last, host) if last else 'none'}); verified files are kept, rerun to resume"
+                    f"{progress_line(last, host) if last else 'none'}); the job goes on on the node (async job "
+                    f"{args['jid']}, until its async limit) and keeps its verified files. A rerun while it runs "
+                    "waits for it up to model_stage_lock_wait seconds or fails naming it; once it has ended, a "
+                    "rerun resumes from its verified files"
                 )
             time.sleep(args["interval"])

@@ -12,7 +12,15 @@ description:
     C(snapshots/<rev>) dir), then reuses the cached manifest (C(<cache_dir>/manifests/<model>/<rev>.json)),
     or the one shipped with the source (C(.llmfleet-manifest.json)), or builds it by reading every file once
     while holding a fleet-wide shared-storage reader lease, and caches it.
-  - Refuses a cached manifest whose sizes no longer match the source (a pinned revision must not change).
+  - Refuses a cached manifest whose sizes, or recorded mtimes, no longer match the source (a pinned revision
+    must not change).
+  - Compares the manifest with what the source itself says of its files, without reading the large ones,
+    and fails naming each file that disagrees - the hub-cache blob names (C(snapshots/<rev>/<file>) ->
+    C(blobs/<sha256>) for LFS files, the git blob id for the others), the Git LFS pointers of a git checkout's
+    HEAD (which must be the revision; needs git, not git-lfs), C(<file>.sha256) files and sha256sum lists
+    (C(SHA256SUMS), C(SHA256SUMS.txt), C(sha256sums.txt), C(checksums.sha256)). A cached or shipped manifest
+    is also checked by re-hashing the source's small files (up to 16 MiB).
+  - With I(expected_sha256) (the operator's pin), the manifest must have that digest.
 options:
   source:
     description: Model directory on shared storage.
@@ -46,11 +54,19 @@ options:
     description: Files hashed in parallel (>= 1).
     type: int
     default: 4
+  expected_sha256:
+    description:
+      - The manifest digest the revision must have (C(manifest_sha256) of an earlier run, kept where nodes cannot
+        write it, e.g. the inventory); a cached manifest that a node or user rewrote is then refused.
+      - Unset, the checks against the source are all there is.
+    type: str
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-    details: Never reads file contents; reports C(origin='would build') with sizes from C(stat) when no manifest exists yet.
+    details: >-
+      Never reads file contents (so only sizes and mtimes are checked); reports C(origin='would build') with sizes from
+      C(stat) when no manifest exists yet.
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: none
@@ -90,8 +106,40 @@ total_bytes:
   description: Bytes in the revision.
   returned: success
   type: int
+manifest_sha256:
+  description: The manifest's digest (sha256 of its revision and file list); pin it with I(expected_sha256).
+  returned: success, when a manifest exists (not for C(would build))
+  type: str
+trust:
+  description: What the manifest was checked against (null in check mode).
+  returned: success
+  type: dict
+  contains:
+    upstream_checked:
+      description: Files whose sha256 a digest of the source's own confirms.
+      type: int
+      returned: always
+    upstream_kinds:
+      description: Where those digests came from (C(hub blob), C(git-lfs pointer), C(<file>.sha256), a list name).
+      type: list
+      returned: always
+      elements: str
+    rehashed:
+      description: Small files re-hashed from the source.
+      type: int
+      returned: always
+    unverified:
+      description: Files whose sha256 only the manifest itself vouches for.
+      type: int
+      returned: always
+    notes:
+      description: What could not be checked and why (e.g. git missing on the node).
+      type: list
+      returned: always
+      elements: str
 """
 
+import re
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
@@ -99,6 +147,7 @@ from ansible.module_utils.llmfleet.lease import Lease, LeaseTimeout
 from ansible.module_utils.llmfleet.manifest import build_manifest, obtain_manifest, stat_manifest
 from ansible.module_utils.llmfleet.stage import resolve_source
 from ansible.module_utils.llmfleet.stage_errors import StageError
+from ansible.module_utils.llmfleet.swarm import lease_check
 
 # Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).
 RANGES = {
@@ -131,6 +180,7 @@ def argument_spec() -> dict:
         "max_source_readers": {"type": "int", "default": 2},
         "lease_timeout": {"type": "float", "default": 3600},
         "threads": {"type": "int", "default": 4},
+        "expected_sha256": {"type": "str"},
     }
 
 
@@ -143,6 +193,11 @@ def run(module: AnsibleModule) -> None:
     bad = range_problem(p, RANGES)
     if bad:
         module.fail_json(msg=f"llmfleet_model_manifest: {bad}")
+    if p["expected_sha256"] and not re.fullmatch(r"[0-9a-f]{64}", p["expected_sha256"]):
+        module.fail_json(
+            msg=f"llmfleet_model_manifest: expected_sha256={p['expected_sha256']!r} (set by the role variable "
+            "model_stage_manifest_sha256) is not a sha256: give the 64 lowercase hex digits of manifest_sha256"
+        )
     try:
         src = resolve_source(p["source"], p["revision"])
 
@@ -150,22 +205,35 @@ def run(module: AnsibleModule) -> None:
             lease = Lease(p["lease_dir"], p["max_source_readers"], host=socket.gethostname(), label="manifest")
             lease.acquire(p["lease_timeout"])
             try:
-                return build_manifest(src, threads=p["threads"], revision=p["revision"])
+                check = lease_check(lease, socket.gethostname())
+                return build_manifest(src, threads=p["threads"], revision=p["revision"], check=check)
             finally:
                 lease.release()
 
-        got = obtain_manifest(src, p["model"], p["revision"], p["cache_dir"], build=build, check_mode=module.check_mode)
+        got = obtain_manifest(
+            src,
+            p["model"],
+            p["revision"],
+            p["cache_dir"],
+            build=build,
+            check_mode=module.check_mode,
+            expected_sha256=p["expected_sha256"],
+        )
     except (StageError, LeaseTimeout, OSError, ValueError) as e:  # ValueError: a malformed manifest file
         module.fail_json(msg=f"{socket.gethostname()}: manifest of {p['model']}@{p['revision']}: {e}")
     manifest = got["manifest"] or stat_manifest(src)
-    module.exit_json(
-        changed=got["origin"] in ("built", "shipped", "would build"),
-        manifest_path=got["path"],
-        source_dir=src,
-        origin=got["origin"],
-        files=len(manifest["files"]),
-        total_bytes=manifest["total_bytes"],
-    )
+    result = {
+        "changed": got["origin"] in ("built", "shipped", "would build"),
+        "manifest_path": got["path"],
+        "source_dir": src,
+        "origin": got["origin"],
+        "files": len(manifest["files"]),
+        "total_bytes": manifest.get("total_bytes", sum(e["size"] for e in manifest["files"])),
+        "trust": got.get("trust"),
+    }
+    if got.get("sha256"):
+        result["manifest_sha256"] = got["sha256"]
+    module.exit_json(**result)
 
 
 def main() -> None:

@@ -15,8 +15,14 @@ description:
     (at most I(max_source_readers) nodes at once, across playbook runs); every node serves its verified
     files to peers over HTTP on I(serve_bind):I(serve_port) and fetches the rest from peers, verifying each.
   - A rerun keeps verified files (resume); a published revision is checked by size + mtime (or sha256 with
-    I(deep_verify)) and copies nothing. Old revisions beyond I(keep) are removed (never C(current) or one in
-    use). Writes progress JSON to I(progress_path) while running.
+    I(deep_verify)) and copies nothing. A damaged published revision is repaired in a new partial directory
+    (intact files hard-linked, damaged ones re-fetched) and swapped in only once verified; until then the
+    published revision and C(current) stay as they were.
+  - One run per model and node at a time (a lock in C(<root>/<model>/.stage.lock)); a second run waits up to
+    I(lock_wait) seconds, then fails naming the run that holds it (pid, host, start time, who).
+  - Old revisions beyond I(keep) and abandoned partial directories are removed; never C(current), the revision
+    just staged, one an installed engine unit names (I(unit_glob)) or one a process uses (open files,
+    mappings, cwd, argv or environment). Writes progress JSON to I(progress_path) while running.
 options:
   source:
     description: Directory of the revision on shared storage (resolved like M(llmfleet_model_manifest)).
@@ -25,6 +31,12 @@ options:
   manifest_path:
     description: Manifest from M(llmfleet_model_manifest) (not needed in check mode).
     type: path
+  manifest_sha256:
+    description:
+      - The manifest's digest as M(llmfleet_model_manifest) returned it (C(manifest_sha256)); the manifest file
+        read here must have it, so a manifest rewritten on the shared storage between the two tasks is refused.
+      - Unset, the file is used as it is.
+    type: str
   root:
     description: Staging root on the node-local NVMe.
     type: path
@@ -42,9 +54,26 @@ options:
     type: int
     default: 4
   keep:
-    description: Published revisions to keep (>= 1; GC never removes C(current) or one in use).
+    description:
+      - Published revisions to keep (>= 1). GC never removes C(current), the revision just staged, one an
+        engine unit names or one a process uses.
     type: int
     default: 2
+  unit_glob:
+    description:
+      - Installed engine units (with their C(.d/*.conf) drop-ins and C(EnvironmentFile=) files); GC keeps every
+        revision whose directory C(<root>/<model>/<revision>) appears in one of them. A unit that cannot be read
+        stops GC from deleting any revision.
+    type: str
+    default: /etc/systemd/system/llmfleet-*.service
+  lock_wait:
+    description: Seconds to wait for another staging run of the same model on this node to finish (>= 0).
+    type: float
+    default: 0
+  run_by:
+    description: Who started this run (recorded in the lock, shown to a second run); default the node's C(SUDO_USER) or user.
+    type: str
+    default: ""
   free_space_margin_bytes:
     description: Free space to leave on the NVMe beyond the revision.
     type: int
@@ -203,7 +232,7 @@ assigned_files:
   returned: success
   type: int
 gc:
-  description: Old revisions garbage-collected after publishing.
+  description: What garbage collection deleted and kept after publishing (a deletion makes the task changed).
   returned: when the revision is published
   type: dict
   contains:
@@ -212,21 +241,36 @@ gc:
       type: list
       elements: str
       returned: always
-    kept_in_use:
-      description: Revisions beyond I(keep) kept because a running process has them open.
+    removed_partials:
+      description: Abandoned C(.partial-*) (and C(.repair-old-*)) directories deleted.
       type: list
       elements: str
+      returned: always
+    kept:
+      description: Every revision and partial directory left, with why (newest I(keep), current, just staged, named by a unit, in use by a pid).
+      type: dict
+      returned: always
+    kept_in_use:
+      description: Revisions beyond I(keep) kept because an engine unit names them or a process uses them.
+      type: list
+      elements: str
+      returned: always
+    skipped:
+      description: Why no revision was deleted (an engine unit that could not be read), or null.
+      type: str
       returned: always
 """
 
 import os
+import re
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet.lease import LeaseTimeout
-from ansible.module_utils.llmfleet.manifest import load_manifest, stat_manifest
+from ansible.module_utils.llmfleet.manifest import load_manifest, manifest_digest, stat_manifest
 from ansible.module_utils.llmfleet.stage import StageRequest, plan, resolve_source
 from ansible.module_utils.llmfleet.stage_errors import StageError
+from ansible.module_utils.llmfleet.store import UNIT_GLOB
 from ansible.module_utils.llmfleet.swarm import SwarmConfig, run_node
 
 # Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).
@@ -242,6 +286,7 @@ RANGES = {
     "peer_dead_after": (0.1, None, None),
     "finish_wait": (0, None, "model_stage_timeout"),
     "rate_limit_bytes_per_s": (0, None, "model_stage_rate_limit_mib_s"),
+    "lock_wait": (0, None, "model_stage_lock_wait"),
 }
 
 
@@ -262,11 +307,15 @@ def argument_spec() -> dict:
     return {
         "source": {"type": "path", "required": True},
         "manifest_path": {"type": "path"},
+        "manifest_sha256": {"type": "str"},
         "root": {"type": "path", "default": "/mnt/nvme/models"},
         "model": {"type": "str", "required": True},
         "revision": {"type": "str", "required": True},
         "threads": {"type": "int", "default": 4},
         "keep": {"type": "int", "default": 2},
+        "unit_glob": {"type": "str", "default": UNIT_GLOB},
+        "lock_wait": {"type": "float", "default": 0},
+        "run_by": {"type": "str", "default": ""},
         "free_space_margin_bytes": {"type": "int", "default": 0},
         "deep_verify": {"type": "bool", "default": False},
         "activate": {"type": "bool", "default": True},
@@ -297,10 +346,22 @@ def run(module: AnsibleModule) -> None:
     bad = range_problem(p, RANGES)
     if bad:
         module.fail_json(msg=f"llmfleet_model_stage: {bad}")
+    if p["manifest_sha256"] and not re.fullmatch(r"[0-9a-f]{64}", p["manifest_sha256"]):
+        module.fail_json(
+            msg=f"llmfleet_model_stage: manifest_sha256={p['manifest_sha256']!r} is not a sha256: give the "
+            "manifest_sha256 that llmfleet_model_manifest returned"
+        )
     try:
         src = resolve_source(p["source"], p["revision"])
         if p["manifest_path"] and os.path.isfile(p["manifest_path"]):
             manifest = load_manifest(p["manifest_path"])
+            got = manifest_digest(manifest)
+            if p["manifest_sha256"] and got != p["manifest_sha256"]:
+                module.fail_json(
+                    msg=f"{host} ({p['me']}): the manifest {p['manifest_path']} has digest {got}, not the "
+                    f"{p['manifest_sha256']} that llmfleet_model_manifest checked: it was rewritten on the shared "
+                    "storage since (a node or user can write there); rerun, and find who writes it"
+                )
         elif module.check_mode:
             manifest = stat_manifest(src)
         else:
@@ -320,11 +381,14 @@ def run(module: AnsibleModule) -> None:
             check_mode=module.check_mode,
             progress_path=p["progress_path"],
             rate_limit_bytes_per_s=p["rate_limit_bytes_per_s"],
+            lock_wait=p["lock_wait"],
+            unit_glob=p["unit_glob"],
+            run_by=p["run_by"],
         )
         if module.check_mode:
             pl = plan(req)
             module.exit_json(
-                changed=bool(pl["todo"]),
+                changed=pl["state"] != "published",
                 state=pl["state"],
                 bytes_to_copy=sum(e["size"] for e in pl["todo"]),
                 files_to_copy=len(pl["todo"]),

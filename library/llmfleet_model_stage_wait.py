@@ -14,8 +14,9 @@ description:
     job's progress JSON (I(progress_path)) on the node and prints one line per node - bytes done / total,
     rate, bytes from shared storage and from peers - instead of one line at the end.
   - When the job has finished, cleans up its async status file and returns the job's result.
-  - Fails after I(timeout) seconds naming the last progress; the files verified so far are kept, so a rerun
-    resumes.
+  - Fails after I(timeout) seconds naming the last progress. The job goes on on the node until its async limit
+    and holds the model's staging lock, so a rerun while it runs waits for it (up to
+    C(model_stage_lock_wait)) or fails naming it; once it has ended, a rerun resumes from its verified files.
   - An action plugin (C(action_plugins/llmfleet_model_stage_wait.py)); this module file only documents it.
 options:
   jid:
@@ -136,7 +137,9 @@ assigned_files:
   returned: success
   type: int
 gc:
-  description: Old revisions garbage-collected after publishing (C(removed), C(kept_in_use)).
+  description: >-
+    What garbage collection deleted and kept after publishing (C(removed), C(removed_partials), C(kept) with why,
+    C(kept_in_use), C(skipped)); a deletion makes the task changed.
   returned: success
   type: dict
 """

@@ -2,20 +2,23 @@
 verified against the manifest as each file lands, fsynced, published atomically, resumable,
 idempotent, with a fleet-wide cap on shared-storage readers (leases) and peer fan-out.
 
-This module is the flow of one run on one node (StageRequest: plan, check space, copy, publish,
-switch `current`, GC) and where the source revision is (resolve_source, assign_files). It builds on:
+This module is the flow of one run on one node (StageRequest: take the model's lock, plan, check
+space, copy or repair, publish, switch `current`, GC) and where the source revision is
+(resolve_source, assign_files). It builds on:
 
     manifest.py        the manifest: format, building, reading, verifying, the shared-storage cache
-    store.py           the on-disk revision store: partial dir + journal, records, publish, current, GC
+    store.py           the on-disk revision store: partial dir + journal, records, publish, repair,
+                       current, the per-model lock, GC
     transfer.py        copying from shared storage or a peer: hashing, threads, rate limit
     stage_progress.py  the progress file and its line
-    stage_errors.py    StageError, DiskFullError
+    stage_errors.py    StageError, DiskFullError, LeaseLostError, LockedError
 
 Stdlib only (runs inside an Ansible module on the node and in the CLI).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,18 +28,21 @@ from .manifest import HEX40
 from .stage_errors import DiskFullError, StageError
 from .stage_progress import Progress
 from .store import (
+    UNIT_GLOB,
     Journal,
+    ModelLock,
     current_target,
     disk_check,
+    finish_published,
     gc,
     model_dir,
+    open_repair,
     partial_dir,
     publish,
-    reopen_published,
     revision_state,
     switch_current,
 )
-from .transfer import LocalSource, PeerSource, RateLimit, copy_all
+from .transfer import LocalCopy, LocalSource, PeerSource, RateLimit, copy_all
 
 # The names of this module, and the ones re-exported so that `from .stage import X` keeps working
 # where X used to live here (peer.py, swarm.py, library/llmfleet_engine_cache.py, bench/, tests);
@@ -77,6 +83,9 @@ class StageRequest:
     check_mode: bool = False
     progress_path: str | None = None
     rate_limit_bytes_per_s: int = 0
+    lock_wait: float = 0.0  # seconds to wait for another staging run of the model to finish
+    unit_glob: str = UNIT_GLOB  # installed engine units: GC never deletes a revision they name
+    run_by: str = ""  # who started the run (recorded in the lock, shown to a second run)
 
 
 def plan(req: StageRequest) -> dict[str, Any]:
@@ -89,21 +98,56 @@ def plan(req: StageRequest) -> dict[str, Any]:
 
 
 def stage(
-    req: StageRequest, sources: Callable[[str], list[Any]], on_source_phase: Callable[[], Any] | None = None
+    req: StageRequest,
+    sources: Callable[[str], list[Any]],
+    on_source_phase: Callable[[], Any] | None = None,
+    *,
+    locked: bool = False,
+    check: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Stage one revision on this node.
 
     ``sources(rel)`` returns the ordered sources to try for a file (peers first, shared storage
     last). ``on_source_phase()`` is a context manager entered around every read from shared
-    storage (the caller holds a fleet-wide reader lease there). Returns a result dict.
+    storage (the caller holds a fleet-wide reader lease there); ``check()`` runs between the chunks
+    read there and raises when the lease is lost. The run holds the model's lock (waiting at most
+    ``req.lock_wait``) unless the caller already does (``locked``). Returns a result dict.
     """
     check_revision(req.revision)
     mdir = model_dir(req.root, req.model)
-    p = plan(req)
+    if req.check_mode:
+        p = plan(req)
+        return {
+            "changed": p["state"] != "published" or (req.activate and current_target(mdir) != req.revision),
+            "revision": req.revision,
+            "path": os.path.join(mdir, req.revision),
+            "total_bytes": p["total_bytes"],
+            "bytes_to_copy": sum(e["size"] for e in p["todo"]),
+            "files_to_copy": len(p["todo"]),
+            "bytes_copied": 0,
+            "source_bytes_read": 0,
+            "peer_bytes_read": 0,
+            "state_before": p["state"],
+        }
+    os.makedirs(mdir, exist_ok=True)
+    held = contextlib.nullcontext() if locked else ModelLock(mdir, req.revision, req.run_by).held(req.lock_wait)
+    with held:
+        return _stage_locked(req, mdir, sources, on_source_phase, check)
+
+
+def _stage_locked(
+    req: StageRequest,
+    mdir: str,
+    sources: Callable[[str], list[Any]],
+    on_source_phase: Callable[[], Any] | None,
+    check: Callable[[], None] | None,
+) -> dict[str, Any]:
+    p = plan(req)  # under the lock: another run may have changed the store while we waited
+    rdir = os.path.join(mdir, req.revision)
     result: dict[str, Any] = {
         "changed": False,
         "revision": req.revision,
-        "path": os.path.join(mdir, req.revision),
+        "path": rdir,
         "total_bytes": p["total_bytes"],
         "bytes_to_copy": sum(e["size"] for e in p["todo"]),
         "files_to_copy": len(p["todo"]),
@@ -112,34 +156,55 @@ def stage(
         "peer_bytes_read": 0,
         "state_before": p["state"],
     }
-    if req.check_mode:
-        result["changed"] = bool(p["todo"]) or (req.activate and current_target(mdir) != req.revision)
-        return result
-    os.makedirs(mdir, exist_ok=True)
-    if p["state"] == "published" and not p["todo"]:
+
+    def collect() -> None:
+        # The revision just staged is never collected, whatever keep says (keep 0, activate false).
+        result["gc"] = gc(mdir, req.keep, {req.revision}, unit_glob=req.unit_glob, lock_held=True)
+        if result["gc"]["removed"] or result["gc"]["removed_partials"]:
+            result["changed"] = True
+
+    if p["state"] == "published":
+        finish_published(rdir)
         if req.activate:
             result["changed"] = switch_current(mdir, req.revision)
-        result["gc"] = gc(mdir, req.keep)
+        collect()
         return result
+    todo, fetch = p["todo"], sources
     if p["state"] == "damaged":
-        partial = reopen_published(mdir, req.revision, [e["path"] for e in p["todo"]])
+        # Repair beside the published revision, which stays intact (and `current` untouched) until
+        # the repaired copy is verified and swapped in.
+        partial, unlinkable = open_repair(mdir, req.revision, req.manifest, todo)
+        todo = todo + unlinkable
+        own = LocalCopy(rdir)
+        intact = {e["path"] for e in unlinkable}
+
+        def fetch(rel: str) -> list[Any]:
+            return [own] if rel in intact else sources(rel)
+
+        why = f"repairing {req.revision[:12]}: {len(p['todo'])} damaged file(s) to re-fetch"
+        if unlinkable:
+            why += f", {len(unlinkable)} intact file(s) to copy as the filesystem refused hard links"
     else:
         partial = partial_dir(mdir, req.revision)
         os.makedirs(partial, exist_ok=True)
-    disk_check(mdir, result["bytes_to_copy"], req.margin_bytes)
-    progress = Progress(total=result["bytes_to_copy"], path=req.progress_path, phase="copying")
+        why = f"{len(todo)} file(s) of {req.revision[:12]} still missing"
+    need = sum(e["size"] for e in todo)
+    result.update(bytes_to_copy=need, files_to_copy=len(todo))
+    disk_check(mdir, need, req.margin_bytes, why, req.revision)
+    progress = Progress(total=need, path=req.progress_path, phase="copying")
     progress.flush(force=True)
     journal = Journal(partial)
     try:
         copy_all(
-            p["todo"],
+            todo,
             partial,
             journal,
             progress,
             req.threads,
-            sources=sources,
+            sources=fetch,
             on_source_phase=on_source_phase,
             limit=RateLimit(req.rate_limit_bytes_per_s),
+            check=check,
         )
     finally:
         journal.close()
@@ -154,7 +219,7 @@ def stage(
     )
     if req.activate:
         switch_current(mdir, req.revision)
-    result["gc"] = gc(mdir, req.keep)
+    collect()
     progress.phase = "published"
     progress.flush(force=True)
     return result

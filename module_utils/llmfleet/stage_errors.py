@@ -13,3 +13,12 @@ class StageError(RuntimeError):
 
 class DiskFullError(StageError):
     """ENOSPC while copying: no other source can help, so staging stops at once."""
+
+
+class LeaseLostError(StageError):
+    """This node lost its shared-storage reader lease mid-read: it stops reading the source at once
+    (every copy thread), keeps what it verified, and the run fails so that a rerun resumes."""
+
+
+class LockedError(StageError):
+    """Another staging run of the same model holds the node's per-model lock."""

@@ -33,12 +33,14 @@ class Progress:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _last_write: float = 0.0
 
-    def add(self, n: int, from_peer: bool) -> None:
+    def add(self, n: int, from_peer: bool | None) -> None:
+        """n bytes copied: from a peer (True), from shared storage (False), or neither (None: this
+        node's own published copy, when a repair cannot hard-link an intact file)."""
         with self._lock:
             self.done += n
             if from_peer:
                 self.peer_bytes += n
-            else:
+            elif from_peer is False:
                 self.source_bytes += n
         self.flush()
 

@@ -1,34 +1,49 @@
 """The on-disk revision store of one model on a node: published revisions, the partial dir and
-its journal (resume), publish records (idempotence), the `current` link, free space and GC.
+its journal (resume), publish records (idempotence), the `current` link, repair, free space, the
+per-model lock and GC.
 
 Layout under ``<root>/<model>/``::
 
     <rev>/                    published revision: complete, verified, read-only (0444/0555)
     current -> <rev>          switched atomically (symlink + rename)
-    .partial-<rev>/           work in progress; .llmfleet-journal lists files verified so far
+    .partial-<rev>/           work in progress (a new copy or a repair); .llmfleet-journal lists
+                              the files verified so far
     .records/<rev>.json       manifest + size/mtime of every published file (idempotence check)
+    .stage.lock               only while a staging run holds the model (flock; who, since when)
 
-Nothing here copies (transfer.py) or decides the order of a run (stage.py).
+Nothing here copies from a source (transfer.py) or decides the order of a run (stage.py).
 Stdlib only (runs inside an Ansible module on the node and in the CLI).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import glob
 import json
 import os
+import re
 import shutil
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from .checkpoint import verify_structure
 from .manifest import HEX40, sha256_file
-from .stage_errors import StageError
+from .stage_errors import DiskFullError, LockedError, StageError
 
 JOURNAL = ".llmfleet-journal"
+LOCK = ".stage.lock"
+PARTIAL = ".partial-"
+OLD = ".repair-old-"  # a damaged revision swapped out by a repair, removed right after
+NO_RECORD = "(no publish record)"
+# Where the engine role installs its units; a unit names the revision directory it serves.
+UNIT_GLOB = "/etc/systemd/system/llmfleet-*.service"
 GiB = 1024**3
+FILE_RO, DIR_RO, DIR_RW = 0o444, 0o555, 0o755  # a published revision is read-only for everyone
 
 
 def _fsync_dir(path: str) -> None:
@@ -39,6 +54,10 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
 def model_dir(root: str, model: str) -> str:
     if not model or "/" in model or model.startswith("."):
         raise StageError(f"model name {model!r}: use a plain directory name (no '/', not hidden)")
@@ -46,7 +65,7 @@ def model_dir(root: str, model: str) -> str:
 
 
 def partial_dir(mdir: str, revision: str) -> str:
-    return os.path.join(mdir, f".partial-{revision}")
+    return os.path.join(mdir, f"{PARTIAL}{revision}")
 
 
 # ---- journal (resume) ---------------------------------------------------------------------------
@@ -55,10 +74,10 @@ def partial_dir(mdir: str, revision: str) -> str:
 def read_journal(partial: str) -> dict[str, dict[str, Any]]:
     """Files verified in a partial dir, keyed by path (last entry wins; torn lines ignored)."""
     out: dict[str, dict[str, Any]] = {}
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         with open(os.path.join(partial, JOURNAL), encoding="utf-8") as f:
             for line in f:
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, KeyError, TypeError):
                     e = json.loads(line)
                     out[e["path"]] = e
     return out
@@ -66,23 +85,34 @@ def read_journal(partial: str) -> dict[str, dict[str, Any]]:
 
 class Journal:
     def __init__(self, partial: str) -> None:
+        self.partial = partial
         self._f = open(os.path.join(partial, JOURNAL), "a", encoding="utf-8")
         self._lock = threading.Lock()
 
     def add(self, entry: dict[str, Any]) -> None:
         with self._lock:
-            self._f.write(json.dumps(entry) + "\n")
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            try:
+                self._f.write(json.dumps(entry) + "\n")
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                raise DiskFullError(
+                    f"{socket.gethostname()}: disk full while journaling {entry['path']} in {self.partial}: "
+                    "nothing published changed (published revisions and `current` are as before); free space "
+                    "and rerun: the files verified before this one are kept"
+                ) from None
 
     def close(self) -> None:
-        self._f.close()
+        with contextlib.suppress(OSError):  # a torn last line is ignored when read back
+            self._f.close()
 
 
 def _still_valid(path: str, entry: dict[str, Any], want: dict[str, Any]) -> bool:
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
     return (
         entry.get("sha256") == want["sha256"]
@@ -111,7 +141,7 @@ def published_ok(mdir: str, revision: str, manifest: dict[str, Any], deep: bool)
     rec = read_record(mdir, revision)
     rdir = os.path.join(mdir, revision)
     if rec is None or not os.path.isdir(rdir):
-        return ["(no publish record)"]
+        return [NO_RECORD]
     bad = []
     recorded = {e["path"]: e for e in rec.get("files", [])}
     for want in manifest["files"]:
@@ -134,33 +164,136 @@ def published_ok(mdir: str, revision: str, manifest: dict[str, Any], deep: bool)
 
 
 def revision_state(mdir: str, revision: str, manifest: dict[str, Any], deep: bool) -> tuple[str, list[dict[str, Any]]]:
-    """What the store holds of a revision, and the manifest entries still to copy: ("published",
-    []), ("damaged", files that no longer match), ("partial" or "absent", files not yet verified)."""
+    """What the store holds of a revision, and the manifest entries still to fetch: ("published",
+    []), ("damaged", files that no longer match and are not yet repaired in the partial dir),
+    ("partial" or "absent", files not yet verified)."""
     rdir = os.path.join(mdir, revision)
     partial = partial_dir(mdir, revision)
+    journal = read_journal(partial)
+
+    def verified(e: dict[str, Any]) -> bool:
+        return e["path"] in journal and _still_valid(os.path.join(partial, e["path"]), journal[e["path"]], e)
+
     if os.path.isdir(rdir):
         bad = set(published_ok(mdir, revision, manifest, deep))
-        todo = [e for e in manifest["files"] if e["path"] in bad or "(no publish record)" in bad]
-        return ("published" if not bad else "damaged"), todo
-    journal = read_journal(partial)
-    todo = [
-        e
-        for e in manifest["files"]
-        if not (e["path"] in journal and _still_valid(os.path.join(partial, e["path"]), journal[e["path"]], e))
-    ]
+        if not bad:
+            return "published", []
+        todo = [e for e in manifest["files"] if (e["path"] in bad or NO_RECORD in bad) and not verified(e)]
+        return "damaged", todo
+    todo = [e for e in manifest["files"] if not verified(e)]
     return ("partial" if os.path.isdir(partial) else "absent"), todo
 
 
-def _set_tree_mode(top: str, writable: bool) -> None:
-    for d, _dirs, files in os.walk(top):
+def open_repair(
+    mdir: str, revision: str, manifest: dict[str, Any], refetch: list[dict[str, Any]]
+) -> tuple[str, list[dict[str, Any]]]:
+    """Start (or resume) the repair of a published revision in a NEW partial dir: every intact file
+    is hard-linked from the published revision and journaled; the files in `refetch` are left for
+    the caller to fetch. The published revision and `current` are not touched: they stay as they
+    are until the repaired copy is verified and swapped in (publish). Returns the partial dir and
+    the intact files that could not be hard-linked (the caller copies those from the published
+    revision)."""
+    rdir = os.path.join(mdir, revision)
+    partial = partial_dir(mdir, revision)
+    os.makedirs(partial, exist_ok=True)
+    journal = read_journal(partial)
+    skip = {e["path"] for e in refetch}
+    unlinkable = []
+    j = Journal(partial)
+    try:
+        for e in manifest["files"]:
+            rel = e["path"]
+            dst = os.path.join(partial, rel)
+            if rel in skip or (rel in journal and _still_valid(dst, journal[rel], e)):
+                continue
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(dst)
+            try:
+                os.link(os.path.join(rdir, rel), dst)
+            except OSError:  # a filesystem without hard links: the caller copies it
+                unlinkable.append(e)
+                continue
+            j.add({"path": rel, "size": e["size"], "sha256": e["sha256"], "mtime_ns": os.stat(dst).st_mtime_ns})
+    finally:
+        j.close()
+    return partial, unlinkable
+
+
+def _freeze(top: str) -> None:
+    """Files 0444 and directories 0555 below top; top itself stays writable (the journal is removed
+    from it after the rename, so a failure before that keeps the resume)."""
+    for d, dirs, files in os.walk(top):
         for name in files:
-            p = os.path.join(d, name)
-            os.chmod(p, 0o644 if writable else 0o444)
-        os.chmod(d, 0o755 if writable else 0o555)
+            os.chmod(os.path.join(d, name), FILE_RO)
+        for name in dirs:
+            os.chmod(os.path.join(d, name), DIR_RO)
+
+
+def _remove_tree(top: str) -> None:
+    """Delete a revision tree. Only directories are made writable (unlinking needs that): a file may
+    be a hard link shared with the published copy of a repaired revision, and must stay 0444."""
+    for d, _dirs, _files in os.walk(top):
+        os.chmod(d, DIR_RW)
+    shutil.rmtree(top)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths in one step: renameat2(RENAME_EXCHANGE) (Linux >= 3.15, glibc >= 2.28; ext4,
+    xfs, btrfs, tmpfs). False where that is not available, so the caller falls back to two renames."""
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (ImportError, OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _swap_in(partial: str, rdir: str, mdir: str, revision: str) -> None:
+    """Replace the published (damaged) revision by its verified repair. With RENAME_EXCHANGE the
+    revision path always exists; the fallback leaves it missing between two renames (microseconds;
+    a crash there leaves the verified partial, which the next run publishes without copying)."""
+    old = os.path.join(mdir, f"{OLD}{revision}")
+    if os.path.lexists(old):
+        _remove_tree(old)
+    if _exchange(partial, rdir):
+        os.rename(partial, old)  # the damaged copy, out of the partial name a rerun would resume from
+    else:
+        os.rename(rdir, old)
+        try:
+            os.rename(partial, rdir)
+        except OSError:
+            os.rename(old, rdir)  # put the published revision back as it was
+            raise
+    _fsync_dir(mdir)
+    # Engines that still map a file of the damaged copy keep that inode until they exit.
+    _remove_tree(old)
+
+
+def finish_published(rdir: str) -> None:
+    """The last step of a publish: drop the journal and freeze the revision's top directory. Also
+    run on a published revision, for the case of a crash between the rename and this."""
+    journal = os.path.join(rdir, JOURNAL)
+    if os.path.lexists(journal):
+        os.chmod(rdir, DIR_RW)
+        os.unlink(journal)
+    if os.stat(rdir).st_mode & 0o777 != DIR_RO:
+        os.chmod(rdir, DIR_RO)
+        _fsync_dir(rdir)
 
 
 def publish(mdir: str, partial: str, revision: str, manifest: dict[str, Any]) -> None:
-    """Check the structure, freeze, record, rename the partial dir to the revision name."""
+    """Check the structure, record, freeze and rename the partial dir to the revision name (or swap
+    it with the damaged published copy it repairs). Any failure before the rename leaves the partial
+    dir and its journal as they were: a rerun copies nothing again."""
     report = verify_structure(partial)
     if not report.ok:
         raise StageError(
@@ -170,9 +303,6 @@ def publish(mdir: str, partial: str, revision: str, manifest: dict[str, Any]) ->
             + "; ".join(str(p) for p in report.problems)
             + " (the source revision itself is incomplete or corrupt: fix it on shared storage)"
         )
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(partial, JOURNAL))
-    _set_tree_mode(partial, writable=False)
     files = [
         {
             **{k: e[k] for k in ("path", "size", "sha256")},
@@ -180,35 +310,40 @@ def publish(mdir: str, partial: str, revision: str, manifest: dict[str, Any]) ->
         }
         for e in manifest["files"]
     ]
-    os.makedirs(os.path.join(mdir, ".records"), exist_ok=True)
-    tmp = record_path(mdir, revision) + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"revision": revision, "published_at": time.time(), "manifest": manifest, "files": files}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, record_path(mdir, revision))
-    _fsync_dir(partial)
-    os.rename(partial, os.path.join(mdir, revision))  # the atomic publish
-    _fsync_dir(mdir)
-
-
-def reopen_published(mdir: str, revision: str, bad: list[str]) -> str:
-    """A published revision failed its check: move it back to a partial dir, keep the good files."""
     rdir = os.path.join(mdir, revision)
-    partial = partial_dir(mdir, revision)
-    rec = read_record(mdir, revision) or {"files": []}
-    _set_tree_mode(rdir, writable=True)
-    if current_target(mdir) == revision:
-        os.unlink(os.path.join(mdir, "current"))  # never point at a revision under repair
-    os.rename(rdir, partial)
-    j = Journal(partial)
-    for e in rec["files"]:
-        if e["path"] not in bad:
-            j.add(e)
-    j.close()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(record_path(mdir, revision))
-    return partial
+    records = os.path.join(mdir, ".records")
+    rec = record_path(mdir, revision)
+    tmp = rec + ".tmp"
+    # A repair keeps the revision's publish time: GC's "newest" order must not change because of it.
+    published_at = (read_record(mdir, revision) or {}).get("published_at") if os.path.isdir(rdir) else None
+    try:
+        os.makedirs(records, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            record = {"revision": revision, "published_at": published_at or time.time(), "manifest": manifest}
+            json.dump({**record, "files": files}, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        where = f"{socket.gethostname()}: writing the publish record {rec}"
+        kept = (
+            f"all {len(files)} files of {revision} are verified and kept in {partial} with their journal, "
+            "nothing published changed (published revisions and `current` are as before)"
+        )
+        if e.errno == errno.ENOSPC:
+            raise DiskFullError(f"{where}: disk full; {kept}: free space and rerun (it copies nothing again)") from None
+        raise StageError(f"{where}: {e.strerror or e}; {kept}: fix that and rerun") from None
+    _freeze(partial)
+    os.replace(tmp, rec)
+    _fsync_dir(records)
+    _fsync_dir(partial)
+    if os.path.isdir(rdir):
+        _swap_in(partial, rdir, mdir, revision)
+    else:
+        os.rename(partial, rdir)  # the atomic publish
+        _fsync_dir(mdir)
+    finish_published(rdir)
 
 
 def current_target(mdir: str) -> str | None:
@@ -234,15 +369,158 @@ def switch_current(mdir: str, revision: str) -> bool:
 # ---- free space ---------------------------------------------------------------------------------
 
 
-def disk_check(path: str, need: int, margin: int) -> None:
-    st = os.statvfs(path)
+def _tree_bytes(top: str, seen: set[tuple[int, int]]) -> int:
+    """Disk space a tree takes (allocated blocks), each inode counted once across calls sharing
+    `seen` (a repair's partial dir hard-links the published revision's intact files)."""
+    n = 0
+    for d, _dirs, files in os.walk(top):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(d, name))
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    n += st.st_blocks * 512
+    return n
+
+
+def space_hint(mdir: str, revision: str = "") -> str:
+    """What the model directory holds, and what frees space: true whatever the caller was doing
+    (GC runs only after a publish, so lowering model_stage_keep frees nothing before one)."""
+    cur = current_target(mdir)
+    revs, partials = _scan(mdir) if os.path.isdir(mdir) else ([], [])
+    seen: set[tuple[int, int]] = set()
+    held = []
+    for name in revs:
+        size = _gib(_tree_bytes(os.path.join(mdir, name), seen))
+        held.append(f"{name[:12]} ({size}{', current' if name == cur else ''})")
+    for name in partials:
+        size = _gib(_tree_bytes(os.path.join(mdir, name), seen))
+        mine = name == f"{PARTIAL}{revision}"
+        held.append(f"{name[:21]} ({size} more, {'this run' if mine else 'unpublished'})")
+    here = f"{mdir} holds {', '.join(held)}; " if held else ""
+    return (
+        f"{here}free space (old revisions are removed by GC only after a successful publish: remove ones no "
+        "engine uses by hand) or stage to a bigger disk (model_stage_root)"
+    )
+
+
+def disk_check(mdir: str, need: int, margin: int, why: str, revision: str = "") -> None:
+    """Refuse before copying when the numbers say it cannot fit. `why` says what the `need` bytes
+    are (e.g. "3 file(s) of <rev> still missing")."""
+    st = os.statvfs(mdir)
     free = st.f_bavail * st.f_frsize
     if free < need + margin:
+        hint = space_hint(mdir, revision)
         raise StageError(
-            f"{socket.gethostname()}: {path} has {free / GiB:.2f} GiB free, staging needs {need / GiB:.2f} GiB "
-            f"(remaining files) + {margin / GiB:.2f} GiB margin: free space (older revisions: lower "
-            "model_stage_keep) or stage to a bigger disk (model_stage_root)"
+            f"{socket.gethostname()}: {mdir} has {_gib(free)} free, staging needs {_gib(need)} ({why}) + "
+            f"{_gib(margin)} margin (model_stage_free_space_margin_gb). Nothing was copied; {hint}"
         )
+
+
+# ---- the per-model lock -------------------------------------------------------------------------
+
+
+def _user() -> str:
+    for var in ("SUDO_USER", "LOGNAME", "USER"):
+        if os.environ.get(var):
+            return os.environ[var]
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
+
+
+def describe_holder(info: dict[str, Any] | None) -> str:
+    if not info:
+        return "a process whose lock record is not written yet"
+    started = float(info.get("started", 0))
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started))
+    ago = max(0, int(time.time() - started))
+    who = info.get("run_by") or info.get("user", "?")
+    return (
+        f"pid {info.get('pid', '?')} on {info.get('host', '?')}, started {when} ({ago // 60} min {ago % 60} s ago) "
+        f"by {who}, staging revision {str(info.get('revision', '?'))[:12]}"
+    )
+
+
+class ModelLock:
+    """One staging run per model directory at a time (flock on <mdir>/.stage.lock, which records
+    host, pid, start time, who and the revision). The kernel drops the flock when the holder dies
+    (SIGKILL, reboot), so a stale file never blocks; the file is removed on release."""
+
+    def __init__(self, mdir: str, revision: str = "", run_by: str = "") -> None:
+        self.mdir = mdir
+        self.path = os.path.join(mdir, LOCK)
+        self.revision = revision
+        self.run_by = run_by
+        self.fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            # A releaser unlinks the file while holding it: the one we locked must still be the one there.
+            try:
+                st = os.stat(self.path, follow_symlinks=False)
+            except FileNotFoundError:
+                os.close(fd)
+                continue
+            mine = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)
+                continue
+            info = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "user": _user(),
+                    "run_by": self.run_by, "revision": self.revision}  # fmt: skip
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+            os.fsync(fd)
+            self.fd = fd
+            return True
+
+    def holder(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def acquire(self, wait: float = 0.0, poll: float = 1.0) -> None:
+        """Take the lock, waiting at most `wait` seconds; else LockedError naming the holder."""
+        deadline = time.monotonic() + max(0.0, wait)
+        while not self.try_acquire():
+            if time.monotonic() >= deadline:
+                waited = f" (waited {wait:g} s)" if wait > 0 else ""
+                info = self.holder()
+                pid, host = (info or {}).get("pid", "?"), (info or {}).get("host", "?")
+                raise LockedError(
+                    f"{socket.gethostname()}: another staging run of {os.path.basename(self.mdir)} is in progress"
+                    f"{waited}: {describe_holder(info)} (lock {self.path}). It keeps its verified files as it goes. "
+                    "Wait for it to finish (model_stage_lock_wait: seconds a run waits for the lock), or stop it "
+                    f"(kill {pid} on {host}) and rerun: the rerun resumes from the files it verified"
+                )
+            time.sleep(min(poll, max(0.01, deadline - time.monotonic())))
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)  # while still holding it (see try_acquire)
+        os.close(self.fd)
+        self.fd = None
+
+    @contextlib.contextmanager
+    def held(self, wait: float = 0.0) -> Iterator[ModelLock]:
+        self.acquire(wait)
+        try:
+            yield self
+        finally:
+            self.release()
 
 
 # ---- garbage collection -------------------------------------------------------------------------
@@ -255,47 +533,199 @@ def paths_in_use(prefix: str, proc: str = "/proc") -> set[str]:
     for pid in os.listdir(proc):
         if not pid.isdigit():
             continue
-        base = os.path.join(proc, pid)
-        cands: list[str] = []
-        with contextlib.suppress(OSError):
-            cands.append(os.readlink(os.path.join(base, "cwd")))
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(os.path.join(base, "fd")):
-                with contextlib.suppress(OSError):
-                    cands.append(os.readlink(os.path.join(base, "fd", fd)))
-        with contextlib.suppress(OSError):
-            with open(os.path.join(base, "maps"), encoding="utf-8", errors="replace") as f:
-                cands += [ln.split(None, 5)[5].strip() for ln in f if len(ln.split(None, 5)) == 6]
-        with contextlib.suppress(OSError):
-            with open(os.path.join(base, "cmdline"), "rb") as f:
-                cands += [a.decode(errors="replace") for a in f.read().split(b"\0") if a.startswith(b"/")]
-        for c in cands:
+        for c in _proc_paths(os.path.join(proc, pid)):
             rc = os.path.realpath(c) if os.path.exists(c) else c
             if (rc + os.sep).startswith(prefix) or rc.startswith(prefix):
                 used.add(rc)
     return used
 
 
-def gc(mdir: str, keep: int, protect: set[str] = frozenset(), proc: str = "/proc") -> dict[str, list[str]]:
-    """Delete published revisions beyond the newest `keep`, never `current`'s or one in use."""
-    revs = []
-    for name in os.listdir(mdir) if os.path.isdir(mdir) else []:
-        if HEX40.match(name) and os.path.isdir(os.path.join(mdir, name)):
+def _proc_paths(base: str) -> list[str]:
+    cands: list[str] = []
+    with contextlib.suppress(OSError):
+        cands.append(os.readlink(os.path.join(base, "cwd")))
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(os.path.join(base, "fd")):
+            with contextlib.suppress(OSError):
+                cands.append(os.readlink(os.path.join(base, "fd", fd)))
+    with contextlib.suppress(OSError):
+        with open(os.path.join(base, "maps"), encoding="utf-8", errors="replace") as f:
+            cands += [ln.split(None, 5)[5].strip() for ln in f if len(ln.split(None, 5)) == 6]
+    with contextlib.suppress(OSError):
+        with open(os.path.join(base, "cmdline"), "rb") as f:
+            cands += [a.decode(errors="replace") for a in f.read().split(b"\0") if a.startswith(b"/")]
+    return cands
+
+
+def _dir_names(mdir: str) -> list[str]:
+    """The model directory as a unit or a process may spell it (as given, and resolved)."""
+    return sorted({mdir.rstrip("/"), os.path.realpath(mdir)})
+
+
+def revisions_named(text: str, mdir: str) -> set[str]:
+    """Revision ids that text names as `<mdir>/<40-hex>` (an engine unit's ExecStart/Environment=,
+    a process's argv or environment)."""
+    out = set()
+    for name in _dir_names(mdir):
+        out.update(m.group(1) for m in re.finditer(re.escape(name) + r"/([0-9a-f]{40})(?![0-9a-f])", text))
+    return out
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def revisions_in_units(mdir: str, unit_glob: str = UNIT_GLOB) -> tuple[dict[str, str], list[str]]:
+    """Revisions named by installed engine units: revision -> unit file. A unit counts with its
+    drop-ins (<unit>.d/*.conf) and the EnvironmentFile= files it loads. Also the units that could
+    not be read (GC then deletes no revision: it cannot know which one they name)."""
+    named: dict[str, str] = {}
+    unreadable = []
+    for unit in sorted(glob.glob(unit_glob)) if unit_glob else []:
+        try:
+            text = _read_text(unit)
+            for drop_in in sorted(glob.glob(glob.escape(unit) + ".d/*.conf")):
+                text += "\n" + _read_text(drop_in)
+        except OSError as e:
+            unreadable.append(f"{unit} ({e.strerror or e})")
+            continue
+        for line in text.splitlines():
+            key, _, value = line.strip().partition("=")
+            if key.strip() == "EnvironmentFile":
+                with contextlib.suppress(OSError):  # "-/path" may be missing by design
+                    text += "\n" + _read_text(value.strip().lstrip("-"))
+        for rev in revisions_named(text, mdir):
+            named.setdefault(rev, unit)
+    return named, unreadable
+
+
+def revisions_in_use(mdir: str, proc: str = "/proc") -> dict[str, str]:
+    """Revisions (and partial dirs) of mdir a running process uses: open files, mappings, cwd, or
+    the revision directory named in its argv or environment (engines close their files after
+    loading, their command line still says what they serve). name -> "pid N (comm)"."""
+    used: dict[str, str] = {}
+    prefixes = [n + os.sep for n in _dir_names(mdir)]
+    for pid in os.listdir(proc) if os.path.isdir(proc) else []:
+        if not pid.isdigit():
+            continue
+        base = os.path.join(proc, pid)
+        names: set[str] = set()
+        for c in _proc_paths(base):
+            for p in prefixes:
+                if c.startswith(p):
+                    names.add(c[len(p) :].split(os.sep, 1)[0])
+        for part in ("cmdline", "environ"):
+            with contextlib.suppress(OSError):
+                with open(os.path.join(base, part), "rb") as f:
+                    names |= revisions_named(f.read().replace(b"\0", b"\n").decode(errors="replace"), mdir)
+        if names:
+            comm = "?"
+            with contextlib.suppress(OSError):
+                comm = _read_text(os.path.join(base, "comm")).strip()
+            for n in names:
+                used.setdefault(n, f"pid {pid} ({comm})")
+    return used
+
+
+def _scan(mdir: str) -> tuple[list[str], list[str]]:
+    """Published revisions (newest first) and partial/repair leftovers of a model directory."""
+    revs, partials = [], []
+    for name in os.listdir(mdir):
+        path = os.path.join(mdir, name)
+        if os.path.islink(path) or not os.path.isdir(path):
+            continue
+        if HEX40.match(name):
             rec = read_record(mdir, name)
-            revs.append(((rec or {}).get("published_at", os.stat(os.path.join(mdir, name)).st_mtime), name))
-    revs.sort(reverse=True)
+            revs.append(((rec or {}).get("published_at", os.stat(path).st_mtime), name))
+        elif name.startswith((PARTIAL, OLD)):
+            partials.append(name)
+    return [name for _t, name in sorted(revs, reverse=True)], sorted(partials)
+
+
+def gc(
+    mdir: str,
+    keep: int,
+    protect: set[str] | frozenset[str] = frozenset(),
+    *,
+    proc: str = "/proc",
+    unit_glob: str = UNIT_GLOB,
+    lock_held: bool = False,
+) -> dict[str, Any]:
+    """Delete published revisions beyond the newest `keep` and abandoned partial dirs. Never deleted:
+    `current`'s target, a revision in `protect` (the one just staged), one an installed engine unit
+    names (unit_glob), one a process uses. Partial dirs are collected only under the model lock
+    (lock_held, or taken here without waiting), so never one a live staging run writes.
+
+    Returns removed (revisions), removed_partials, kept (name -> why, for every revision and
+    partial left), kept_in_use (revisions beyond keep spared because a unit or process uses
+    them) and skipped (why nothing was deleted, or None)."""
+    out: dict[str, Any] = {"removed": [], "removed_partials": [], "kept": {}, "kept_in_use": [], "skipped": None}
+    if not os.path.isdir(mdir):
+        return out
+    revs, partials = _scan(mdir)
     cur = current_target(mdir)
-    removed, kept_in_use = [], []
-    for i, (_t, name) in enumerate(revs):
-        if i < keep or name == cur or name in protect:
-            continue
-        rdir = os.path.join(mdir, name)
-        if paths_in_use(rdir, proc):
-            kept_in_use.append(name)
-            continue
-        _set_tree_mode(rdir, writable=True)
-        shutil.rmtree(rdir)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(record_path(mdir, name))
-        removed.append(name)
-    return {"removed": removed, "kept_in_use": kept_in_use}
+    why: dict[str, list[str]] = {}
+    for i, name in enumerate(revs):
+        for reason, applies in ((f"one of the newest {keep}", i < keep), ("current", name == cur),
+                                ("just staged", name in protect)):  # fmt: skip
+            if applies:
+                why.setdefault(name, []).append(reason)
+    for name in partials:
+        rev = name[len(PARTIAL) :] if name.startswith(PARTIAL) else ""
+        if rev in protect and rev not in revs:  # (a published revision's partial is a leftover)
+            why.setdefault(name, []).append("being staged")
+    candidates = [n for n in revs if n not in why]
+    partials = [n for n in partials if n not in why]
+    lock = None
+    if partials and not lock_held:
+        lock = ModelLock(mdir, run_by="gc")
+        if not lock.try_acquire():
+            busy = f"a staging run holds the model lock: {describe_holder(lock.holder())}"
+            for name in partials:
+                why[name] = [busy]
+            partials, lock = [], None
+    try:
+        if candidates or partials:
+            _collect(mdir, candidates=candidates, partials=partials, why=why, out=out, proc=proc, unit_glob=unit_glob)
+    finally:
+        if lock:
+            lock.release()
+    out["kept"] = {n: "; ".join(w) for n, w in sorted(why.items()) if os.path.isdir(os.path.join(mdir, n))}
+    return out
+
+
+def _collect(
+    mdir: str,
+    *,
+    candidates: list[str],
+    partials: list[str],
+    why: dict[str, list[str]],
+    out: dict[str, Any],
+    proc: str,
+    unit_glob: str,
+) -> None:
+    """gc's deletions, once the names nothing else protects are known."""
+    units, unreadable = revisions_in_units(mdir, unit_glob)
+    for rev, unit in units.items():
+        why.setdefault(rev, []).append(f"named by {unit}")
+    for name, user in revisions_in_use(mdir, proc).items():
+        why.setdefault(name, []).append(f"in use by {user}")
+    if unreadable:
+        out["skipped"] = f"cannot read {', '.join(unreadable)}: no revision deleted (a unit may name it)"
+    for name in candidates:
+        if name in why:
+            out["kept_in_use"].append(name)
+        elif unreadable:
+            why[name] = ["an engine unit could not be read"]
+        else:
+            _remove_tree(os.path.join(mdir, name))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(record_path(mdir, name))
+            out["removed"].append(name)
+    for name in partials:
+        if name not in why:
+            _remove_tree(os.path.join(mdir, name))
+            out["removed_partials"].append(name)
+    if out["removed"] or out["removed_partials"]:
+        _fsync_dir(mdir)

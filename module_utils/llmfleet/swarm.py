@@ -7,18 +7,45 @@ storage therefore reads each byte once per run, whatever the node count.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import lease as lease_module
 from .lease import Lease, SharedLease
 from .peer import PeerState, serve_in_background
 from .stage import StageRequest, assign_files, stage
-from .stage_errors import StageError
-from .store import model_dir
+from .stage_errors import LeaseLostError, StageError
+from .store import LOCK, ModelLock, model_dir
 from .transfer import LocalSource, PeerSource
+
+
+def lease_check(lease: Any, where: str) -> Callable[[], None] | None:
+    """A check() for the copy loops, run between the chunks read from shared storage: runs
+    lease.check() (cheap: no I/O while the last renewal is recent) and turns lease.LeaseLost into
+    a LeaseLostError that says what happened and that a rerun resumes. None when the lease has no
+    check()."""
+    check = getattr(lease, "check", None)
+    if check is None:
+        return None
+
+    def run() -> None:
+        try:
+            check()
+        except Exception as e:
+            lost = getattr(lease_module, "LeaseLost", None)
+            if lost is None or not isinstance(e, lost):
+                raise
+            raise LeaseLostError(
+                f"lost the shared-storage reader lease on {where} ({e}): stopped reading shared storage; the "
+                "files verified so far are kept and the file being copied was removed; rerun to resume"
+            ) from None
+
+    return run
 
 
 @dataclass
@@ -92,9 +119,35 @@ class StatusBoard:
 
 def run_node(req: StageRequest, cfg: SwarmConfig) -> dict[str, Any]:
     mdir = model_dir(req.root, req.model)
+    if req.check_mode:
+        return stage(req, lambda rel: [])
     os.makedirs(mdir, exist_ok=True)
+    # The model's lock first: a second run while the first one's job is alive (lost SSH, a wait that
+    # timed out, two operators) waits or says who holds it, before it binds the same peer port.
+    lock = ModelLock(mdir, req.revision, req.run_by)
+    lock.acquire(req.lock_wait)
+    try:
+        return _run_locked(req, cfg, mdir)
+    finally:
+        lock.release()
+
+
+def _serve(state: PeerState, cfg: SwarmConfig, mdir: str) -> Any:
+    try:
+        return serve_in_background(state, cfg.serve_bind, cfg.serve_port)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        raise StageError(
+            f"{cfg.me}: peer port {cfg.serve_bind}:{cfg.serve_port} is already in use, not by a staging run of "
+            f"{os.path.basename(mdir)} (this run holds its lock {os.path.join(mdir, LOCK)}) but by a run of another "
+            "model whose derived port is the same, or another server: set model_stage_peer_port to a free port"
+        ) from None
+
+
+def _run_locked(req: StageRequest, cfg: SwarmConfig, mdir: str) -> dict[str, Any]:
     state = PeerState(mdir, req.revision, req.manifest, cfg.me)
-    server = serve_in_background(state, cfg.serve_bind, cfg.serve_port) if cfg.serve_port else None
+    server = _serve(state, cfg, mdir) if cfg.serve_port else None
     peers = {h: PeerSource(u) for h, u in cfg.peers.items() if h != cfg.me}
     board = StatusBoard(peers)
     assignment = assign_files(req.manifest["files"], [s for s in cfg.seeds if s in cfg.peers or s == cfg.me])
@@ -131,7 +184,7 @@ def run_node(req: StageRequest, cfg: SwarmConfig) -> dict[str, Any]:
 
     result: dict[str, Any] = {}
     try:
-        result = stage(req, sources, lease)
+        result = stage(req, sources, lease, locked=True, check=lease_check(lease, cfg.me))
     except Exception as e:
         state.failed = str(e)
         raise
@@ -161,4 +214,4 @@ def run_node(req: StageRequest, cfg: SwarmConfig) -> dict[str, Any]:
     return result
 
 
-__all__ = ["StageError", "SwarmConfig", "run_node"]
+__all__ = ["StageError", "SwarmConfig", "lease_check", "run_node"]

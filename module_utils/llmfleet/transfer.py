@@ -22,11 +22,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from .stage_errors import DiskFullError, StageError
+from .stage_errors import DiskFullError, LeaseLostError, LockedError, StageError
 from .stage_progress import Progress
 from .store import Journal
 
 CHUNK = 16 * 1024 * 1024
+# Errors that no other source can help with: every copy thread stops, the first one is raised.
+FATAL = (DiskFullError, LeaseLostError, LockedError)
 
 
 class RateLimit:
@@ -58,10 +60,12 @@ def copy_stream(
     want: dict[str, Any],
     progress: Progress | None,
     *,
-    from_peer: bool,
+    from_peer: bool | None,
     limit: RateLimit = UNLIMITED,
+    check: Callable[[], None] | None = None,
 ) -> str:
-    """Copy src to dst_path hashing in the same pass; fsync; return the sha256 hex."""
+    """Copy src to dst_path hashing in the same pass; fsync; return the sha256 hex. check() runs
+    before every chunk read (a lost reader lease stops the copy between two chunks)."""
     h = hashlib.sha256()
     buf = bytearray(CHUNK)
     view = memoryview(buf)
@@ -69,6 +73,8 @@ def copy_stream(
     fd = os.open(dst_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         while True:
+            if check:
+                check()
             n = src.readinto(buf)
             if not n:
                 break
@@ -105,6 +111,13 @@ class LocalSource:
         return self.directory
 
 
+class LocalCopy(LocalSource):
+    """An intact file of this node's own published revision (a repair on a filesystem that refuses
+    hard links): neither shared storage (no reader lease, not counted as source bytes) nor a peer."""
+
+    from_peer = None
+
+
 class PeerSource:
     """Another node's verified copy, over HTTP on the fabric network (never trusted: the
     receiver hashes and compares with the manifest)."""
@@ -135,6 +148,7 @@ def fetch_file(
     *,
     progress: Progress | None = None,
     limit: RateLimit = UNLIMITED,
+    check: Callable[[], None] | None = None,
 ) -> None:
     """Copy one file into the partial dir, verify it against the manifest, journal it."""
     final = os.path.join(partial, rel)
@@ -142,14 +156,15 @@ def fetch_file(
     tmp = final + ".llmfleet-part"
     try:
         with source.open(rel) as src:
-            got = copy_stream(src, tmp, want, progress, from_peer=source.from_peer, limit=limit)
+            got = copy_stream(src, tmp, want, progress, from_peer=source.from_peer, limit=limit, check=check)
     except OSError as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # on ENOSPC this frees the space the failed copy took
         if e.errno == errno.ENOSPC:
             raise DiskFullError(
-                f"{socket.gethostname()}: disk full while copying {rel} into {partial}: the previous revision and "
-                "`current` are untouched; free space (or lower model_stage_keep) and rerun: verified files are kept"
+                f"{socket.gethostname()}: disk full while copying {rel} into {partial}: nothing published changed "
+                "(published revisions and `current` are as before) and the failed file was removed; free space "
+                f"on {os.path.dirname(partial)} and rerun: the files verified so far are kept"
             ) from None
         raise StageError(f"{rel}: cannot copy from {source}: {e}") from None
     except StageError:
@@ -176,23 +191,36 @@ def copy_all(
     sources: Callable[[str], list[Any]],
     on_source_phase: Callable[[], Any] | None,
     limit: RateLimit,
+    check: Callable[[], None] | None = None,
 ) -> None:
     """Fetch every file of todo, trying sources(rel) in order (a StageError moves on to the next
-    source; a full disk is not retried elsewhere); on_source_phase() is entered around every read
-    from shared storage. Raises one StageError joining the errors of the files that failed."""
+    source); on_source_phase() is entered around every read from shared storage, and check() runs
+    before each file and chunk read there. A full disk or a lost lease (FATAL) is not retried
+    elsewhere: every thread stops and that error is raised. Otherwise raises one StageError joining
+    the errors of the files that failed."""
     errors: list[str] = []
+    fatal: list[StageError] = []
+    stop = threading.Event()
+
+    def fetch(src: Any, want: dict[str, Any]) -> None:
+        if src.from_peer is False and on_source_phase:
+            with on_source_phase():
+                if check:
+                    check()
+                fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit, check=check)
+        else:
+            fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit)
 
     def one(want: dict[str, Any]) -> None:
+        if stop.is_set():
+            return  # a fatal error elsewhere: start nothing new
         last = None
         for src in sources(want["path"]):
             try:
-                if not src.from_peer and on_source_phase:
-                    with on_source_phase():
-                        fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit)
-                else:
-                    fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit)
+                fetch(src, want)
                 return
-            except DiskFullError:
+            except FATAL:
+                stop.set()
                 raise
             except StageError as e:
                 last = e
@@ -204,7 +232,11 @@ def copy_all(
         for f in futs:
             try:
                 f.result()
+            except FATAL as e:
+                fatal.append(e)
             except StageError as e:
                 errors.append(str(e))
+    if fatal:
+        raise fatal[0]
     if errors:
         raise StageError("; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))

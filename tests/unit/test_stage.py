@@ -133,7 +133,9 @@ def test_structure_problem_blocks_publish(tmp_path, src):
 
 
 def test_disk_space_is_checked_before_copying(tmp_path, src):
-    with pytest.raises(stage.StageError, match=r"GiB free, staging needs .* GiB margin"):
+    with pytest.raises(
+        stage.StageError, match=rf"GiB free, staging needs 0.00 GiB \(8 file\(s\) of {REV[:12]} still missing\) \+ .* GiB margin"
+    ):
         run(tmp_path / "nvme", src, margin_bytes=10**18)
     assert store.read_journal(str(tmp_path / "nvme" / "m" / f".partial-{REV}")) == {}
 
@@ -152,7 +154,10 @@ def test_enospc_mid_copy_keeps_previous_revision(tmp_path, src, monkeypatch):
 
     monkeypatch.setattr(transfer.os, "write", write)
     src2 = make_checkpoint(tmp_path / "shared" / "m2", shards=4, tensors_per_shard=3, shape=(64, 64), seed=7)
-    with pytest.raises(stage.StageError, match=r"disk full while copying .* `current` are untouched"):
+    with pytest.raises(
+        stage.StageError,
+        match=r"disk full while copying .* nothing published changed \(published revisions and `current` are as before\)",
+    ):
         run(root, src2, rev=REV2, manifest=manifest_of(src2))
     monkeypatch.undo()
     mdir = root / "m"
@@ -197,8 +202,10 @@ def test_gc_keeps_newest_current_and_in_use(tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    assert res == {"removed": [], "kept_in_use": [REV]}  # REV3 newest, REV2 current, REV in use
-    assert store.gc(str(mdir), keep=1) == {"removed": [REV], "kept_in_use": []}
+    assert (res["removed"], res["kept_in_use"]) == ([], [REV])  # REV3 newest, REV2 current, REV in use
+    assert res["kept"] == {REV: f"in use by pid {holder.pid} (sleep)", REV2: "current", REV3: "one of the newest 1"}
+    res = store.gc(str(mdir), keep=1)
+    assert (res["removed"], res["kept_in_use"]) == ([REV], [])
     assert sorted(p for p in os.listdir(mdir) if not p.startswith(".")) == [REV2, REV3, "current"]
     assert not os.path.exists(store.record_path(str(mdir), REV))
 

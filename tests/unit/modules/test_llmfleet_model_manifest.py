@@ -5,6 +5,7 @@ from typing import ClassVar
 
 import pytest
 from ansible.module_utils.llmfleet.lease import LeaseTimeout
+from ansible.module_utils.llmfleet.manifest import build_manifest as real_build_manifest
 from ansible.module_utils.llmfleet.stage_errors import StageError
 
 import llmfleet_model_manifest as mod
@@ -37,7 +38,7 @@ def fakes(monkeypatch):
         "build_manifest": Recorder(MANIFEST),
         # The real obtain_manifest calls build() when nothing is cached: do that.
         "obtain_manifest": Recorder(
-            lambda src, model, rev, cache, *, build, check_mode: {
+            lambda src, model, rev, cache, *, build, check_mode, expected_sha256: {
                 "origin": "built",
                 "path": f"{cache}/manifests/{model}/{rev}.json",
                 "manifest": build(),
@@ -65,9 +66,11 @@ def test_options_become_the_manifest_calls(fakes):
     assert fakes["obtain_manifest"].kwargs["check_mode"] is False
     assert FakeLease.log == [("init", ("/mnt/shared/.llmfleet/leases", 3), {"host": "node1", "label": "manifest"}),
                              ("acquire", 60.0), ("release",)]  # fmt: skip
-    assert fakes["build_manifest"].args == (src,) and fakes["build_manifest"].kwargs == {"threads": 8, "revision": REV}
+    assert fakes["build_manifest"].args == (src,)
+    assert fakes["build_manifest"].kwargs == {"threads": 8, "revision": REV, "check": None}  # this lease has no check()
+    assert fakes["obtain_manifest"].kwargs["expected_sha256"] is None
     assert res == {"changed": True, "manifest_path": f"/mnt/shared/.llmfleet/manifests/qwen3.8/{REV}.json",
-                   "source_dir": src, "origin": "built", "files": 2, "total_bytes": 7}  # fmt: skip
+                   "source_dir": src, "origin": "built", "files": 2, "total_bytes": 7, "trust": None}  # fmt: skip
     assert not undocumented(mod, res)
 
 
@@ -101,11 +104,52 @@ def test_package_errors_are_failures(fakes, monkeypatch, error, text):
     assert text in fail(mod, base())["msg"]
 
 
+def test_the_pin_and_the_digest_travel(fakes, monkeypatch):
+    trust = {"upstream_checked": 1, "upstream_kinds": ["hub blob"], "rehashed": 1, "unverified": 0, "notes": []}
+    obtain = Recorder(
+        {"origin": "cache", "path": "/c/m.json", "manifest": MANIFEST, "sha256": "d" * 64, "trust": trust}
+    )
+    monkeypatch.setattr(mod, "obtain_manifest", obtain)
+    res = run(mod, base(expected_sha256="d" * 64))
+    assert obtain.kwargs["expected_sha256"] == "d" * 64
+    assert res["manifest_sha256"] == "d" * 64 and res["trust"] == trust
+    assert not undocumented(mod, res)
+
+
+def test_a_lost_lease_stops_the_build_with_a_clear_message(fakes, monkeypatch, tmp_path):
+    """The build reads the source under a reader lease: when the lease is lost, reading stops between
+    two chunks and the task fails saying so (not a traceback, not a manifest)."""
+    from tests.helpers.ckpt import make_checkpoint
+
+    src = make_checkpoint(tmp_path / "src", shards=2)
+    globs = mod.lease_check.__globals__  # the package as the module imports it (ansible.module_utils.llmfleet)
+
+    class Lost(Exception):
+        pass
+
+    monkeypatch.setattr(globs["lease_module"], "LeaseLost", Lost, raising=False)
+    calls = []
+
+    def check(self):
+        calls.append(1)
+        if len(calls) > 2:
+            raise Lost("slot-0 now holds node7's token")
+
+    monkeypatch.setattr(FakeLease, "check", check, raising=False)
+    monkeypatch.setattr(mod, "resolve_source", Recorder(str(src)))
+    monkeypatch.setattr(mod, "build_manifest", real_build_manifest)
+    msg = fail(mod, base())["msg"]
+    assert "node1: manifest of qwen3.8@" in msg
+    assert "lost the shared-storage reader lease on node1 (slot-0 now holds node7's token)" in msg
+    assert ("release",) in FakeLease.log
+
+
 BAD = [
     ({"threads": 0}, "llmfleet_model_manifest: threads=0 is out of range (set by the role variable model_stage_threads): it must be >= 1"),
     ({"lease_timeout": -1}, "lease_timeout=-1.0 is out of range: it must be >= 0"),
     ({"revision": None}, "missing required arguments: revision"),
     ({"max_source_readers": "two"}, "argument 'max_source_readers' is of type str and we were unable to convert to int"),
+    ({"expected_sha256": "abc"}, "expected_sha256='abc' (set by the role variable model_stage_manifest_sha256) is not a sha256"),
 ]  # fmt: skip
 
 

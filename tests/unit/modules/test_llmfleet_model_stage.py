@@ -5,6 +5,7 @@ import json
 
 import pytest
 from ansible.module_utils.llmfleet.lease import LeaseTimeout
+from ansible.module_utils.llmfleet.manifest import manifest_digest
 from ansible.module_utils.llmfleet.stage import StageRequest
 from ansible.module_utils.llmfleet.stage_errors import StageError
 from ansible.module_utils.llmfleet.swarm import SwarmConfig
@@ -49,12 +50,15 @@ def test_options_become_the_request_and_the_swarm(fakes, tmp_path):
                         deep_verify="yes", activate=False, max_source_readers=4, lease_ttl=90, lease_timeout=600,
                         peers={"node1": "http://10.0.0.11:50080", "node2": "http://10.0.0.12:50080"}, seeds=["node1"],
                         serve_bind="10.0.0.11", serve_port=50080, peer_wait=30, peer_dead_after=5, finish_wait=60,
-                        progress_path=str(progress), rate_limit_bytes_per_s=2**20))  # fmt: skip
+                        progress_path=str(progress), rate_limit_bytes_per_s=2**20, lock_wait=30,
+                        unit_glob="/etc/systemd/system/serve-*.service", run_by="alice",
+                        manifest_sha256=manifest_digest(MANIFEST)))  # fmt: skip
     req, cfg = fakes["run_node"].args
     assert fakes["resolve_source"].args == ("/mnt/shared/models--Qwen--Qwen3.8", REV)
     assert req == StageRequest(root="/nvme/models", model="qwen", revision=REV, manifest=MANIFEST, threads=8,
                                margin_bytes=2**30, keep=3, deep_verify=True, activate=False, check_mode=False,
-                               progress_path=str(progress), rate_limit_bytes_per_s=2**20)  # fmt: skip
+                               progress_path=str(progress), rate_limit_bytes_per_s=2**20, lock_wait=30.0,
+                               unit_glob="/etc/systemd/system/serve-*.service", run_by="alice")  # fmt: skip
     assert cfg == SwarmConfig(me="node1", source_dir=str(tmp_path / "src"), lease_dir="/mnt/shared/.llmfleet/leases",
                               max_source_readers=4, peers={"node1": "http://10.0.0.11:50080", "node2": "http://10.0.0.12:50080"},
                               seeds=["node1"], serve_bind="10.0.0.11", serve_port=50080, lease_ttl=90.0,
@@ -68,7 +72,8 @@ def test_defaults(fakes, tmp_path):
     run(mod, base(tmp_path))
     req, cfg = fakes["run_node"].args
     assert (req.root, req.threads, req.margin_bytes, req.keep, req.deep_verify, req.activate, req.progress_path,
-            req.rate_limit_bytes_per_s) == ("/mnt/nvme/models", 4, 0, 2, False, True, None, 0)  # fmt: skip
+            req.rate_limit_bytes_per_s, req.lock_wait, req.unit_glob, req.run_by) == (
+        "/mnt/nvme/models", 4, 0, 2, False, True, None, 0, 0.0, "/etc/systemd/system/llmfleet-*.service", "")  # fmt: skip
     assert cfg == SwarmConfig(me="node1", source_dir=str(tmp_path / "src"), lease_dir="/mnt/shared/.llmfleet/leases")
 
 
@@ -100,12 +105,26 @@ def test_staging_errors_are_failures_naming_node_and_revision(fakes, monkeypatch
     assert f"(node1): staging qwen@{REV} failed: {error}" in msg
 
 
+def test_a_manifest_rewritten_since_the_manifest_task_is_refused(fakes, tmp_path):
+    """The manifest task hands its digest over; a manifest file changed on the shared storage in between
+    (a node can write there) is refused before anything is copied."""
+    pinned = manifest_digest(MANIFEST)
+    args = base(tmp_path, manifest_sha256=pinned)
+    forged = {**MANIFEST, "files": [{**MANIFEST["files"][0], "sha256": "f" * 64}, MANIFEST["files"][1]]}
+    (tmp_path / "m.json").write_text(json.dumps(forged))
+    msg = fail(mod, args)["msg"]
+    assert f"has digest {manifest_digest(forged)}, not the {pinned} that llmfleet_model_manifest checked" in msg
+    assert fakes["run_node"].calls == []
+
+
 BAD = [
     ({"keep": 0}, "llmfleet_model_stage: keep=0 is out of range (set by the role variable model_stage_keep): it must be >= 1"),
     ({"serve_port": 65536}, "serve_port=65536 is out of range (set by the role variable model_stage_peer_port): it must be between 0 and 65535"),
     ({"peer_dead_after": 0}, "peer_dead_after=0.0 is out of range: it must be >= 0.1"),
     ({"me": None}, "missing required arguments: me"),
     ({"deep_verify": "sometimes"}, "argument 'deep_verify' is of type str and we were unable to convert to bool"),
+    ({"lock_wait": -1}, "lock_wait=-1.0 is out of range (set by the role variable model_stage_lock_wait): it must be >= 0"),
+    ({"manifest_sha256": "main"}, "manifest_sha256='main' is not a sha256"),
 ]  # fmt: skip
 
 

@@ -72,7 +72,9 @@ def test_timeout_fails_naming_the_last_progress(monkeypatch):
     am, _calls, _lines = plugin(monkeypatch, {"jid": "j1", "progress_path": "/p.json", "timeout": 10},
                                 [{"finished": 0}, {"finished": 0}], clock=lambda: next(ticks))  # fmt: skip
     with pytest.raises(AnsibleActionFail, match=r"node1: staging still running after 10 s \(last progress: none\); "
-                                                r"verified files are kept, rerun to resume"):  # fmt: skip
+                                                r"the job goes on on the node \(async job j1, until its async limit\) "
+                                                r"and keeps its verified files. A rerun while it runs waits for it up to "
+                                                r"model_stage_lock_wait seconds or fails naming it"):  # fmt: skip
         am.run(task_vars={"inventory_hostname": "node1"})
 
 
