@@ -11,9 +11,11 @@ description:
   - Reads sysfs (GPUs by PCI class, HCAs, ports, GID tables, netdevs, NUMA) and NVML when pynvml is importable
     (the NUMA id falls back to sysfs when NVML says "not supported"), cross-checks with C(nvidia-smi topo -m)
     when present.
-  - Picks ACTIVE HCA ports in GPU-affinity order (exact-match C(NCCL_IB_HCA==...)), the RoCE v2 GID whose IPv4 is
-    configured on each port's netdev (never a fixed index), the socket interface carrying the fabric IP, and
-    C(NCCL_IB_DISABLE=1) with a warning when there is no usable HCA.
+  - Picks the GPU rails, HCAs sharing a PCIe switch or root complex with a GPU (storage and management HCAs are
+    left out and listed in I(non_rail_hcas) with the reason; docs/topology.md gives the rule and its fallbacks),
+    and their ACTIVE ports in GPU-affinity order (exact-match C(NCCL_IB_HCA==...)), the RoCE v2 GID whose IPv4 is
+    configured on each port's netdev or its bond (never a fixed index), the socket interface carrying the
+    fabric IP, and C(NCCL_IB_DISABLE=1) with a warning when no rail port is ACTIVE.
   - Overrides are validated against what exists.
   - Read-only; sets C(ansible_facts.llmfleet_topology). The topology role writes C(/etc/llmfleet/fabric.env)
     from the returned I(env) with a template task; this module writes nothing.
@@ -79,7 +81,13 @@ ansible_facts:
   type: complex
   contains:
     llmfleet_topology:
-      description: C({gpus, hcas, netdevs, numa, env, socket_ifname, ib_ports, warnings}) of this node.
+      description:
+        - C({gpus, hcas, netdevs, numa, env, socket_ifname, ib_ports, warnings, rails, non_rail_hcas, rail_rule})
+          of this node.
+        - I(rails) the HCA names chosen as GPU rails; I(non_rail_hcas) C([{hca, bdf, netdevs, reason}]) the others;
+          I(rail_rule) C(pcie-affinity), or the fallback C(no-affinity) / C(no-gpu).
+        - Each GPU's I(hca) is its nearest ACTIVE rail (for the engine); each HCA has I(rail) and I(affinity)
+          C({gpu, level}).
       returned: success
       type: dict
 """
@@ -132,6 +140,8 @@ def run(module: AnsibleModule) -> None:
         "ib_ports": out["ib_ports"],
         "warnings": out["warnings"],
     }
+    # The rail rule (docs/topology.md): which HCAs are GPU rails, and why the others are not.
+    facts.update({k: topo[k] for k in ("rails", "non_rail_hcas", "rail_rule")})
     module.exit_json(
         changed=False, env=out["env"], warnings_list=out["warnings"], ansible_facts={"llmfleet_topology": facts}
     )

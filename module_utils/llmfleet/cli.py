@@ -255,12 +255,18 @@ def _cmd_topology(args: argparse.Namespace) -> int:
     for g in t["gpus"]:
         near = g["nearest_hcas"][0] if g["nearest_hcas"] else {"hca": "-", "level": "-"}
         model = g.get("model") or ""
-        print(f"GPU{g['index']} {g['bdf']} {model} numa={g['numa_node']} nearest={near['hca']} ({near['level']})")
+        print(
+            f"GPU{g['index']} {g['bdf']} {model} numa={g['numa_node']} nearest={near['hca']} ({near['level']})"
+            f" rail={g.get('hca') or '-'}"
+        )
     for h in t["hcas"]:
         for p, i in h["ports"].items():
             gid = i.get("roce_v2_gid")
-            nd = ",".join(h["netdevs"]) or "-"
-            print(f"{h['name']}:{p} {i['state']} {i['link_layer']} {i['rate']} netdev={nd} roce_v2_gid={gid}")
+            nd = ",".join(h.get("upper_netdevs", []) + h["netdevs"]) or "-"
+            kind = "rail" if h.get("rail") else "not-a-rail"
+            print(f"{h['name']}:{p} {i['state']} {i['link_layer']} {i['rate']} netdev={nd} roce_v2_gid={gid} {kind}")
+    for h in t.get("non_rail_hcas", []):
+        print(f"not a rail: {h['hca']} ({h['reason']})")
     for w in out["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     print(render_env_file(out["env"]), end="")

@@ -20,6 +20,8 @@ NVIDIA = "0x10de"
 GPU_CLASSES = ("0x0302", "0x0300")
 # nvidia-smi topo -m link types, nearest first.
 LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+# An HCA is a GPU rail when it shares a PCIe switch (PIX, PXB) or a root complex (PHB) with a GPU.
+RAIL_LEVELS = ("PIX", "PXB", "PHB")
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
@@ -220,16 +222,39 @@ def hcas_from_sysfs(sys_root: str) -> list[dict[str, Any]]:
     for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
         dev_link = os.path.join(base, name, "device")
         bdf = os.path.basename(os.path.realpath(dev_link))
-        dev = pci_device(sys_root, bdf) if BDF.match(bdf) else {"bdf": bdf, "numa_node": None, "path": [bdf]}
+        # Software RDMA (rxe, siw) has no PCI function: no path, so no affinity to any GPU.
+        dev = pci_device(sys_root, bdf) if BDF.match(bdf) else {"bdf": None, "numa_node": None, "path": None}
+        bdf = dev["bdf"]
         net_dir = os.path.join(dev_link, "net")
         netdevs = sorted(os.listdir(net_dir)) if os.path.isdir(net_dir) else []
+        # A RoCE LAG (mlx5_bond_N) sits on its first slave's PCI function, but its GIDs name the bond;
+        # a VLAN's GIDs name the VLAN device: both are upper devices of the function's netdev.
+        uppers = sorted({u for nd in netdevs for u in upper_netdevs(sys_root, nd)})
         ports = {}
         pbase = os.path.join(base, name, "ports")
         for p in sorted(os.listdir(pbase), key=int) if os.path.isdir(pbase) else []:
             ports[int(p)] = _port_info(os.path.join(pbase, p))
         out.append({"name": name, "bdf": bdf, "numa_node": dev.get("numa_node"), "path": dev.get("path"),
-                    "netdevs": netdevs, "ports": ports})  # fmt: skip
+                    "netdevs": netdevs, "upper_netdevs": uppers, "ports": ports})  # fmt: skip
     return out
+
+
+def bond_master(sys_root: str, ifname: str) -> str | None:
+    """The bond (or other master) an interface is enslaved to: class/net/<if>/master -> .../<master>."""
+    link = os.path.join(sys_root, "class/net", ifname, "master")
+    return os.path.basename(os.path.realpath(link)) if os.path.islink(link) else None
+
+
+def upper_netdevs(sys_root: str, ifname: str, depth: int = 4) -> list[str]:
+    """Interfaces stacked on ifname (its master, upper_<if> links: bonds, VLANs), and theirs in turn."""
+    d = os.path.join(sys_root, "class/net", ifname)
+    found = [e[len("upper_") :] for e in (sorted(os.listdir(d)) if os.path.isdir(d) else []) if e.startswith("upper_")]
+    master = bond_master(sys_root, ifname)
+    if master and master not in found:
+        found.append(master)
+    for u in list(found) if depth > 1 else []:
+        found += [x for x in upper_netdevs(sys_root, u, depth - 1) if x not in found]
+    return found
 
 
 def ipv4_of(ifname: str) -> str | None:
@@ -260,6 +285,8 @@ def netdevs_from_sysfs(sys_root: str, addresses: dict[str, list[str]] | None = N
             "address": read_text(os.path.join(d, "address")),
             "pci": os.path.basename(dev) if dev and BDF.match(os.path.basename(dev)) else None,
             "ipv4": ips or [],
+            "master": bond_master(sys_root, name),
+            "slaves": read_text(os.path.join(d, "bonding/slaves")).split(),
         })  # fmt: skip
     return out
 
@@ -277,10 +304,13 @@ def numa_nodes(sys_root: str) -> dict[int, list[int]]:
 # ---- choices ---------------------------------------------------------------------------------------
 
 
-def roce_gid(port: dict[str, Any], ips: list[str]) -> int | None:
-    """The RoCE v2 GID index whose IPv4-mapped address is configured on the port's netdev."""
+def roce_gid(port: dict[str, Any], ips: list[str], ndevs: list[str] | None = None) -> int | None:
+    """The RoCE v2 GID index whose IPv4-mapped address is configured on the port's netdev. With ndevs,
+    the GID must also belong to one of them (the table's ndev says whose address it is)."""
     for g in port["gids"]:
-        if g["type"].lower().replace(" ", "") == "rocev2" and g["ipv4"] and g["ipv4"] in ips:
+        if g["type"].lower().replace(" ", "") != "rocev2" or not g["ipv4"] or g["ipv4"] not in ips:
+            continue
+        if ndevs is None or not g["ndev"] or g["ndev"] in ndevs:
             return g["index"]
     return None
 
@@ -309,13 +339,80 @@ def discover(
             key=lambda x: (LEVELS.index(x["level"]), x["hca"]),
         )  # fmt: skip
     for h in hcas:
-        ips = [ip for nd in h["netdevs"] for ip in ip_of.get(nd, [])]
+        ndevs = h["netdevs"] + h["upper_netdevs"]
+        ips = [ip for nd in ndevs for ip in ip_of.get(nd, [])]
         if node_ip and not ips and len(hcas) == 1:
             ips = [node_ip]  # single-rail node: the fabric IP from the inventory
+        h["ipv4"] = ips
         for p in h["ports"].values():
             p["ipv4"] = ips
-            p["roce_v2_gid"] = roce_gid(p, ips) if p["link_layer"] == "Ethernet" else None
-    return {"gpus": gpus, "hcas": hcas, "netdevs": nets, "numa": numa, "node_ip": node_ip}
+            p["roce_v2_gid"] = roce_gid(p, ips, ndevs) if p["link_layer"] == "Ethernet" else None
+    topo = {"gpus": gpus, "hcas": hcas, "netdevs": nets, "numa": numa, "node_ip": node_ip}
+    topo.update(classify_rails(topo))
+    return topo
+
+
+def _affinity(h: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The GPU nearest to an HCA and how near ({gpu, level}); None without a PCI path or a GPU."""
+    best = None
+    for g in gpus:
+        for x in g["nearest_hcas"]:
+            if x["hca"] == h["name"] and (best is None or LEVELS.index(x["level"]) < LEVELS.index(best["level"])):
+                best = {"gpu": g["index"], "level": x["level"]}
+    return best
+
+
+def _no_usable_gid(h: dict[str, Any]) -> bool:
+    """Every ACTIVE port is RoCE without a usable RoCE v2 IPv4 GID (such an HCA cannot carry NCCL)."""
+    active = [p for p in h["ports"].values() if p["state"] == "ACTIVE"]
+    return bool(active) and all(p["link_layer"] == "Ethernet" and p["roce_v2_gid"] is None for p in active)
+
+
+def classify_rails(topo: dict[str, Any]) -> dict[str, Any]:
+    """Which HCAs are GPU rails (docs/topology.md, "Which HCAs are rails"); sets each HCA's ``rail`` and
+    ``affinity`` and returns {rails, non_rail_hcas: [{hca, reason}], rail_rule}.
+
+    pcie-affinity: the HCAs sharing a PCIe switch or root complex with at least one GPU. Without any
+    such HCA (no-affinity, or no-gpu) storage cannot be told from rails by position: every HCA, except
+    the one carrying the node IP (the front end) and RoCE ones without a usable GID, as long as that
+    leaves one; fabric_env warns."""
+    gpus, hcas, node_ip = topo["gpus"], topo["hcas"], topo.get("node_ip")
+    why: dict[str, str] = {}
+    for h in hcas:
+        h["affinity"] = _affinity(h, gpus)
+        if not h.get("path"):
+            why[h["name"]] = "not a PCI device (software RDMA or virtual)"
+    if any(h["affinity"] and h["affinity"]["level"] in RAIL_LEVELS for h in hcas):
+        rule = "pcie-affinity"
+        for h in hcas:
+            a = h["affinity"] or {"gpu": "?", "level": "SYS"}
+            if h["name"] not in why and a["level"] not in RAIL_LEVELS:
+                why[h["name"]] = (f"no GPU on its PCIe switch or root complex {h['path'][0]} "
+                                  f"(nearest: GPU{a['gpu']} {a['level']})")  # fmt: skip
+    else:
+        rule = "no-affinity" if gpus else "no-gpu"
+        cands = [h for h in hcas if h["name"] not in why]
+        front = [h for h in cands if node_ip and node_ip in h["ipv4"]]
+        if front and len(front) < len(cands):
+            for h in front:
+                via = ",".join(nd for nd in h["upper_netdevs"] + h["netdevs"])
+                why[h["name"]] = f"carries the node IP {node_ip} ({via}): the front-end network, not a rail"
+        cands = [h for h in cands if h["name"] not in why]
+        no_gid = [h for h in cands if _no_usable_gid(h)]
+        if no_gid and len(no_gid) < len(cands):  # all without a GID: keep them, fabric_env names the fault
+            for h in no_gid:
+                why[h["name"]] = "no RoCE v2 GID carrying an IPv4 of its netdev (cannot carry NCCL)"
+    for h in hcas:
+        h["rail"] = h["name"] not in why
+    return {
+        "rails": [h["name"] for h in hcas if h["rail"]],
+        "non_rail_hcas": [
+            {"hca": h["name"], "bdf": h["bdf"], "netdevs": h["upper_netdevs"] + h["netdevs"], "reason": why[h["name"]]}
+            for h in hcas
+            if not h["rail"]
+        ],
+        "rail_rule": rule,
+    }
 
 
 def socket_ifname(nets: list[dict[str, Any]], node_ip: str | None) -> str | None:
@@ -326,16 +423,14 @@ def socket_ifname(nets: list[dict[str, Any]], node_ip: str | None) -> str | None
     return None
 
 
-def _ports_by_affinity(topo: dict[str, Any]) -> list[tuple[str, int]]:
-    """ACTIVE (hca, port) pairs in GPU order: each GPU takes the least-used of its nearest HCAs
-    that have an ACTIVE port (GPU0/GPU1 behind one switch with a dual-port card get mlx5_0 and
-    mlx5_1), then any ACTIVE port no GPU chose."""
-    by_name = {h["name"]: h for h in topo["hcas"]}
-    usable = {n for n, h in by_name.items() if any(i["state"] == "ACTIVE" for i in h["ports"].values())}
+def _assign_gpus(topo: dict[str, Any], usable: set[str]) -> list[str]:
+    """Each GPU's ``hca``: the least-used of its nearest usable HCAs (GPU0/GPU1 behind one switch with a
+    dual-port card get mlx5_0 and mlx5_1); None when none is usable. Returns the HCAs in GPU order."""
     used: dict[str, int] = {}
     order: list[str] = []
     for g in topo["gpus"]:
-        near = [x for x in g["nearest_hcas"] if x["hca"] in usable]
+        near = [x for x in g.get("nearest_hcas", []) if x["hca"] in usable]
+        g["hca"] = None
         if not near:
             continue
         best = min(LEVELS.index(x["level"]) for x in near)
@@ -344,8 +439,40 @@ def _ports_by_affinity(topo: dict[str, Any]) -> list[tuple[str, int]]:
         used[pick] = used.get(pick, 0) + 1
         if pick not in order:
             order.append(pick)
+    return order
+
+
+def _ports_by_affinity(topo: dict[str, Any], rails: set[str]) -> list[tuple[str, int]]:
+    """ACTIVE rail (hca, port) pairs in GPU order (see _assign_gpus), then any ACTIVE rail port no GPU
+    chose."""
+    by_name = {h["name"]: h for h in topo["hcas"]}
+    usable = {n for n in rails if any(i["state"] == "ACTIVE" for i in by_name[n]["ports"].values())}
+    order = _assign_gpus(topo, usable)
     order += sorted(usable - set(order))
     return [(n, p) for n in order for p, i in by_name[n]["ports"].items() if i["state"] == "ACTIVE"]
+
+
+def _rail_warnings(topo: dict[str, Any], rails: set[str]) -> list[str]:
+    """What an operator must know about the rail choice: a fallback, or GPUs without a rail nearby."""
+    rule = topo.get("rail_rule", "pcie-affinity")
+    if rule != "pcie-affinity" and rails:
+        lead = "no GPU found" if rule == "no-gpu" else "no GPU shares a PCIe switch or root complex with any HCA"
+        left = [x["hca"] for x in topo.get("non_rail_hcas", [])]
+        return [
+            f"{lead}: NCCL_IB_HCA takes every HCA{' but ' + ', '.join(left) if left else ''} (non_rail_hcas says "
+            "why) - storage or management HCAs cannot be told from rails by PCIe position here; check the list "
+            "and pin it with topology_overrides NCCL_IB_HCA"
+        ]
+    far = [g for g in topo["gpus"] if rails and not any(
+        x["hca"] in rails and x["level"] in RAIL_LEVELS for x in g.get("nearest_hcas", []))]  # fmt: skip
+    if not far:
+        return []
+    names = ", ".join(f"GPU{g['index']} ({g['bdf']})" for g in far)
+    one = len(far) == 1
+    return [
+        f"{names} {'has' if one else 'have'} no rail on {'its' if one else 'their'} PCIe switch or root complex: "
+        f"{'its' if one else 'their'} NCCL traffic crosses the host bridges or the CPU interconnect to the nearest rail"
+    ]
 
 
 def _gid_env(active: list, port: dict, overrides: dict, warnings: list[str]) -> dict[str, str]:
@@ -374,6 +501,21 @@ def _gid_env(active: list, port: dict, overrides: dict, warnings: list[str]) -> 
     return {}  # InfiniBand link layer: no RoCE GID index needed
 
 
+def _chosen_ports(topo: dict[str, Any], overrides: dict[str, Any], port: dict, rails: set[str],
+                  warnings: list[str]) -> list[tuple[str, int]]:  # fmt: skip
+    """The (hca, port) pairs for NCCL_IB_HCA: the override (validated; a non-rail in it is a warning, not
+    an error: the operator may know better) or the ACTIVE rail ports in GPU order."""
+    if "NCCL_IB_HCA" not in overrides:
+        warnings += _rail_warnings(topo, rails)
+        return _ports_by_affinity(topo, rails)
+    active = _validate_hca_override(overrides.pop("NCCL_IB_HCA"), port)
+    _assign_gpus(topo, {h for h, _ in active})
+    why = {x["hca"]: x["reason"] for x in topo.get("non_rail_hcas", [])}
+    for h in dict.fromkeys(h for h, _ in active if h in why):
+        warnings.append(f"override NCCL_IB_HCA: {h} is not a rail ({why[h]}); using it as told")
+    return active
+
+
 def fabric_env(topo: dict[str, Any], overrides: dict[str, str] | None = None) -> dict[str, Any]:
     """The environment every rank gets, plus warnings and the per-port choices behind it."""
     overrides = dict(overrides or {})
@@ -389,21 +531,24 @@ def fabric_env(topo: dict[str, Any], overrides: dict[str, str] | None = None) ->
             + "); fix llmfleet_fabric_ip or the network config"
         )
     port = {(h["name"], p): info for h in topo["hcas"] for p, info in h["ports"].items()}
-    down = [f"{h}:{p} ({i['state']}/{i['phys_state']})" for (h, p), i in port.items() if i["state"] != "ACTIVE"]
+    # Topologies built before rails existed (or by hand) count every HCA as a rail.
+    rails = set(topo.get("rails", [h["name"] for h in topo["hcas"]]))
+    down = [f"{h}:{p} ({i['state']}/{i['phys_state']})" for (h, p), i in port.items()
+            if i["state"] != "ACTIVE" and h in rails]  # fmt: skip
     if down:
         warnings.append(f"ports not ACTIVE, left out of NCCL_IB_HCA: {', '.join(down)}")
-    if "NCCL_IB_HCA" in overrides:
-        active = _validate_hca_override(overrides.pop("NCCL_IB_HCA"), port)
-    else:
-        active = _ports_by_affinity(topo)
+    active = _chosen_ports(topo, overrides, port, rails, warnings)
     if active:
         env["NCCL_IB_HCA"] = "=" + ",".join(f"{h}:{p}" for h, p in active)  # '=': mlx5_1 must not match mlx5_10
         env["UCX_NET_DEVICES"] = ",".join(f"{h}:{p}" for h, p in active)
         env.update(_gid_env(active, port, overrides, warnings))
     else:
         env["NCCL_IB_DISABLE"] = "1"
+        # Rails that are all down never hand NCCL to storage HCAs: that is a fault to fix, not a choice.
+        what = (f"no rail port is ACTIVE (rails: {', '.join(sorted(rails))})" if rails
+                else "no ACTIVE InfiniBand/RoCE port")  # fmt: skip
         warnings.append(
-            "no ACTIVE InfiniBand/RoCE port: NCCL_IB_DISABLE=1, cross-node traffic goes over TCP sockets "
+            f"{what}: NCCL_IB_DISABLE=1, cross-node traffic goes over TCP sockets "
             f"({ifname or 'no socket interface'}) - fine for a lab or one node, far too slow for a multi-node engine"
         )
         if ifname:

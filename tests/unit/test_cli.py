@@ -178,3 +178,15 @@ def test_every_documented_entry_point_runs_the_cli(kind):
         [*_entry(kind), "exec", "--", "false"], capture_output=True, text=True, check=False, timeout=60
     )
     assert failed.returncode == 1 and "llmfleet exec" in failed.stderr, failed.stderr
+
+
+def test_topology_text_says_which_hcas_are_rails(tmp_path, capsys):
+    from tests.helpers.fakesys import dgx_h100_ib
+
+    dgx_h100_ib(tmp_path)
+    assert cli.main(["topology", "--sysfs-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "GPU1 0000:25:00.0  numa=0 nearest=mlx5_1 (PXB) rail=mlx5_1" in out
+    assert "mlx5_8:1 ACTIVE InfiniBand" in out and out.split("mlx5_8:1", 1)[1].split("\n", 1)[0].endswith("not-a-rail")
+    assert "not a rail: mlx5_8 (no GPU on its PCIe switch or root complex" in out
+    assert "mlx5_8" not in out.split("NCCL_IB_HCA=", 1)[1].split("\n", 1)[0]

@@ -39,7 +39,7 @@ CASES = [
         [],
     ),
     (
-        "DGX H100, 8 InfiniBand HCAs: no GID index",
+        "DGX H100, 8 InfiniBand rails + 2 storage HCAs (left out): no GID index",
         dgx_h100_ib, None, {"enp170s0f0": ["10.0.0.21"]},
         {"NCCL_IB_HCA": "=" + ALL8, "UCX_NET_DEVICES": ALL8},
         [],

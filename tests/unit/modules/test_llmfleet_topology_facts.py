@@ -10,7 +10,7 @@ pytestmark = pytest.mark.usefixtures("module_exits")
 
 REPORT = {
     "topology": {"gpus": [{"bdf": "0000:18:00.0", "numa": 0}], "hcas": [{"name": "mlx5_0"}], "netdevs": {"eth1": {}},
-                 "numa": {0: {"cpus": "0-31"}}},
+                 "numa": {0: {"cpus": "0-31"}}, "rails": ["mlx5_0"], "non_rail_hcas": [], "rail_rule": "pcie-affinity"},
     "env": {"NCCL_SOCKET_IFNAME": "=eth1", "NCCL_IB_HCA": "=mlx5_0:1"},
     "socket_ifname": "eth1",
     "ib_ports": ["mlx5_0:1"],
@@ -31,7 +31,8 @@ def test_options_become_the_report_call_and_the_facts(monkeypatch, tmp_path, che
     assert res["ansible_facts"] == {"llmfleet_topology": {
         "gpus": REPORT["topology"]["gpus"], "hcas": REPORT["topology"]["hcas"], "netdevs": {"eth1": {}},
         "numa": {"0": {"cpus": "0-31"}},  # string keys, as facts come back from JSON
-        "env": REPORT["env"], "socket_ifname": "eth1", "ib_ports": ["mlx5_0:1"], "warnings": []}}  # fmt: skip
+        "env": REPORT["env"], "socket_ifname": "eth1", "ib_ports": ["mlx5_0:1"], "warnings": [],
+        "rails": ["mlx5_0"], "non_rail_hcas": [], "rail_rule": "pcie-affinity"}}  # fmt: skip
     assert not undocumented(mod, res)
 
 
