@@ -32,6 +32,17 @@ def play(*args: str) -> tuple[float, int, str]:
     return time.monotonic() - t0, cp.returncode, cp.stdout
 
 
+KEEP = "<!-- Device runs below:"
+
+
+def kept_device_runs(out: Path) -> str:
+    """The hand-written device-run section of an existing results file (from its marker line on):
+    a lab rerun rewrites the lab table only."""
+    old = out.read_text() if out.exists() else ""
+    i = old.find(KEEP)
+    return "\n" + old[i:] if i >= 0 else ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
@@ -64,7 +75,7 @@ def main() -> int:
     )
     print(text)
     if a.out:
-        a.out.write_text(text)
+        a.out.write_text(text + kept_device_runs(a.out))
     return 0
 
 

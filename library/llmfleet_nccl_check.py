@@ -10,7 +10,7 @@ short_description: Run this node's ranks of an NCCL check world (NCCL or Gloo)
 description:
   - Starts one rank per entry of I(ranks) with the engine's Python (I(python)) and the node's fabric
     environment (I(env_file)), waits with a deadline (ranks that outlive it are killed), and returns each
-    rank's JSON (wrong-element counts, busbw, culprit ranks, phases of stalled ranks).
+    rank's JSON (wrong-element counts per source rank, busbw, culprit ranks, phases of stalled ranks).
   - Fire it async on every node of the world at once, then poll.
   - Read-only; the logic lives in C(llmfleet.nccl_check).
 options:
@@ -27,7 +27,7 @@ options:
     type: path
     default: /etc/llmfleet/fabric.env
   world:
-    description: World size.
+    description: World size, 1 to 16129 ranks (beyond that the check's values cannot all be exact, and it refuses).
     type: int
     required: true
   master:
@@ -131,7 +131,7 @@ skipped_in_check_mode:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.nccl_check import read_env_file, run_node_ranks
+from ansible.module_utils.llmfleet.nccl_check import read_env_file, run_node_ranks, world_error
 
 
 def argument_spec() -> dict:
@@ -185,6 +185,9 @@ def run(module: AnsibleModule) -> None:
         pairs, numa = pairs_and_numa(p["ranks"], p["numa_nodes"])
     except ValueError as e:
         module.fail_json(msg=f"{e} (fix the nccl_check role's rank layout)")
+    why = world_error(p["world"])
+    if why:  # before any rank starts: a result that cannot be exact would blame good links
+        module.fail_json(msg=f"world: {why}")
     if module.check_mode:
         module.exit_json(changed=False, ranks=[], ok=True, skipped_in_check_mode=True)
     args = ["--backend", p["backend"], "--ops", ",".join(p["ops"]), "--sizes", ",".join(p["sizes"]),

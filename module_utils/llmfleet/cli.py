@@ -14,7 +14,18 @@ import re
 import sys
 from collections.abc import Callable
 
-from . import __version__, accept, servebench
+from . import (
+    __version__,
+    accept,
+    oncall_bundle,
+    oncall_logs,
+    oncall_rdma,
+    oncall_restart,
+    oncall_status,
+    oncall_stop,
+    oncall_why,
+    servebench,
+)
 from .manifest import HEX40
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -277,6 +288,14 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 PLUGGED = (
     ("accept", accept, "the API acceptance gate against a running endpoint (docs/acceptance.md)"),
     ("bench", servebench, "serving benchmark of an endpoint with the engine's own tool (docs/bench-serving.md)"),
+    # On-call (docs/runbook.md): over SSH with the inventory Ansible reads.
+    ("status", oncall_status, "is it serving: one line per node (unit, record, phase, API port, GPU memory), over SSH"),
+    ("logs", oncall_logs, "journal tails per node; --first-failed: the node and rank that failed first, and why"),
+    ("bundle", oncall_bundle, "collect an incident bundle (journals, kernel log, systemctl show, records) for `why`"),
+    ("why", oncall_why, "why did it die: triage of an incident bundle, or of a deployment over SSH (docs/runbook.md)"),
+    ("stop", oncall_stop, "stop a deployment in order (router, head, workers), bounded; says what it had to kill"),
+    ("restart", oncall_restart, "stop in order, start in rank order, wait until every unit is READY"),
+    ("rdma-proof", oncall_rdma, "HCA port byte counters on all nodes around CMD (or a sleep); silent rails called out"),
 )
 
 

@@ -255,6 +255,19 @@ def judge_node(node: Node, probe: dict[str, Any], unreachable_after: float = 30)
     return None
 
 
+def first_failed(failed: list[Node], records: dict[str, dict | None], t0: float) -> Node:
+    """The node that failed first: by its termination record's end (this run's), else when the gate saw it; a
+    node the deployment link stopped because another one failed is a consequence, whatever the clocks say."""
+
+    def order(n: Node) -> tuple[bool, float, int]:
+        rec = records.get(n.name) or {}
+        ended = rec.get("ended_at") if isinstance(rec.get("ended_at"), (int, float)) else None
+        consequence = rec.get("verdict") in ("peer-failed", "deployment-stopped")
+        return (consequence, ended if ended and ended >= t0 - 5 else n.failed_at or 0, n.rank)
+
+    return min(failed, key=order)
+
+
 def http(
     method: str, url: str, body: dict | None = None, api_key: str | None = None, timeout: float = 30
 ) -> tuple[int, Any]:
@@ -743,12 +756,7 @@ class Gate:
                 for n, rec in zip(failed, pool.map(self._record, failed)):
                     records[n.name] = rec
 
-            def order(n: Node) -> tuple[float, int]:
-                rec = records.get(n.name) or {}
-                ended = rec.get("ended_at") if isinstance(rec.get("ended_at"), (int, float)) else None
-                return (ended if ended and ended >= t0 - 5 else n.failed_at or 0, n.rank)
-
-            first = min(failed, key=order)
+            first = first_failed(failed, records, t0)
             why = first.failure
         else:
             first = self._least_advanced()

@@ -1,16 +1,17 @@
 """NCCL check: one rank of an NCCL (GPU) or Gloo (CPU) world that runs all_reduce,
 broadcast, a send/recv ring and all_gather over a size sweep with inputs chosen so every result is
-exact in fp32 and bf16, counts wrong elements, times each op, and reports algbw/busbw with
-nccl-tests' formulas. It never hangs: a rendezvous timeout, a per-collective timeout and an outer
-watchdog end the rank with os._exit, after recording the phase it reached in the TCPStore so the
-launcher can say which ranks never arrived or stalled.
+exact in fp32 and bf16 for any world the check accepts, counts wrong elements per receiver and per
+source rank, times each op, and reports algbw/busbw with nccl-tests' formulas. It never hangs: a
+rendezvous timeout, a per-collective timeout and an outer watchdog end the rank with os._exit, after
+recording the phase it reached in the TCPStore so the launcher can say which ranks never arrived or
+stalled.
 
     python -m llmfleet.nccl_check rank --rank R --world W --master IP --port P [--backend nccl|gloo] ...
     python -m llmfleet.nccl_check local --nproc N ...   (N ranks of a single-node world on this host)
 
-The module imports only the stdlib at load time (torch is imported inside the rank), so the same file
-works as ansible.module_utils.llmfleet.nccl_check. What the results mean (one world's verdict, the
-fleet's after every phase) is llmfleet.nccl_verdict.
+The module imports only the stdlib at load time (torch is imported inside the rank and passed to the
+pattern functions), so the same file works as ansible.module_utils.llmfleet.nccl_check. What the
+results mean (one world's verdict, the fleet's after every phase) is llmfleet.nccl_verdict.
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ from .nccl_verdict import judge
 
 OPS = ("all_reduce", "broadcast", "sendrecv", "all_gather")
 DTYPES = ("fp32", "bf16")
-# Values in [1, 4]: a sum over up to 64 ranks stays <= 256, exact in bf16 (8-bit significand).
-PATTERN = 4
+# Every value is m * 2**-e with m in 128..254 (8 significant bits: exact in bf16 and fp32). The
+# period 127 is prime, so data shifted by any power of two (a chunk size) differs in every element.
+PERIOD = 127
+# e = source rank // 127 stays <= 126, so every value is a normal number of both dtypes.
+MAX_WORLD = PERIOD * PERIOD
 EXIT_WRONG, EXIT_ERROR, EXIT_TIMEOUT = 1, 2, 3
+CHUNK = 1 << 24  # elements compared per step: bounds the check's scratch memory at any size
 
 
 def parse_size(text: str) -> int:
@@ -60,19 +65,114 @@ def bus_factor(op: str, world: int) -> float:
     return {"all_reduce": 2 * (world - 1) / world, "all_gather": (world - 1) / world}.get(op, 1.0)
 
 
-def allreduce_expected(world: int) -> list[int]:
-    """Element i of rank r holds ((r + i) % 4) + 1; the sum depends on i % 4 only."""
-    return [sum(((r + k) % PATTERN) + 1 for r in range(world)) for k in range(PATTERN)]
-
-
-def exact_limit(dtype: str) -> int:
-    return 256 if dtype == "bf16" else 2**24
-
-
 def check_exactness(world: int, dtype: str) -> bool:
-    """Every value the checker produces or expects is an integer the dtype represents exactly."""
-    lim = exact_limit(dtype)
-    return max(allreduce_expected(world)) <= lim and world + PATTERN <= lim and 251 <= lim
+    """Every value the check sends, sums or expects is exact in the dtype, whatever the reduction order:
+    each value has 8 significant bits and a normal exponent, and an all_reduce position has one non-zero
+    term (disjoint support), so every partial sum is 0 or that value."""
+    return dtype in DTYPES and 1 <= world <= MAX_WORLD
+
+
+def world_error(world: int) -> str | None:
+    """Why a world size cannot be checked exactly (None when it can)."""
+    if not check_exactness(world, "bf16"):
+        return (f"a world of {world} ranks cannot be checked: values are exact for 1 to {MAX_WORLD} ranks "
+                "(split the fleet into smaller worlds)")  # fmt: skip
+    return None
+
+
+# ---- patterns (pure: torch is passed in, so tests simulate any world on the CPU) ------------------------
+
+
+def signature(torch: Any, src: Any, idx: Any) -> Any:
+    """The value rank `src` owns at index `idx` of its buffer (int64 tensors or ints), as fp32:
+    (128 + (idx + src) % 127) * 2**-(src // 127). Any two ranks differ in every element."""
+    src = torch.as_tensor(src, device=idx.device)
+    m = 128 + (idx % PERIOD + src % PERIOD) % PERIOD
+    scale = ((127 - src // PERIOD).to(torch.int32) << 23).view(torch.float32)  # exactly 2**-e
+    return m.to(torch.float32) * scale
+
+
+class Pattern:
+    """The data of one op for one rank: what it hands over, what lands where in its result and from whom.
+
+    all_reduce uses disjoint support: rank r is the only non-zero term at positions i = r (mod world), so
+    every partial sum is 0 or that one value (exact at any world size, in any reduction order) and a
+    wrong element's position says whose contribution it carries. broadcast sends the root's signature,
+    all_gather and the send/recv ring each rank's own."""
+
+    def __init__(self, op: str, rank: int, world: int, n: int) -> None:
+        self.op, self.rank, self.world, self.n = op, rank, world, n
+
+    def out_numel(self) -> int:
+        return self.n * self.world if self.op == "all_gather" else self.n
+
+    def contribution(self, torch: Any, dtype: Any, device: Any = "cpu") -> Any:
+        pos = torch.arange(self.n, device=device)
+        if self.op == "all_reduce":
+            zero = torch.zeros((), device=device)
+            v = torch.where(pos % self.world == self.rank, signature(torch, self.rank, pos), zero)
+        elif self.op == "broadcast":
+            v = signature(torch, 0, pos) if self.rank == 0 else torch.zeros(self.n, device=device)
+        else:
+            v = signature(torch, self.rank, pos)
+        return v.to(dtype)
+
+    def sources(self, torch: Any, pos: Any) -> tuple[Any, Any]:
+        """For output positions `pos`: (source rank whose data lands there, index in its buffer)."""
+        if self.op == "all_reduce":
+            return pos % self.world, pos
+        if self.op == "all_gather":
+            return pos // self.n, pos % self.n
+        if self.op == "broadcast":
+            return torch.zeros_like(pos), pos
+        return torch.full_like(pos, (self.rank - 1) % self.world), pos  # ring: from rank - 1
+
+    def expected(self, torch: Any, pos: Any, dtype: Any) -> tuple[Any, Any]:
+        """(expected values, source ranks) at output positions `pos`."""
+        src, idx = self.sources(torch, pos)
+        return signature(torch, src, idx).to(dtype), src
+
+    def count_wrong(self, torch: Any, got: Any) -> tuple[int, dict[int, int], list]:
+        """Compare every element of `got` (this rank's result) with the formula, CHUNK elements at a time:
+        (wrong elements, {source rank: wrong elements carrying its data}, the first few wrong elements)."""
+        total, wrong, per_src, first = got.numel(), 0, {}, []
+        for lo in range(0, total, CHUNK):
+            pos = torch.arange(lo, min(total, lo + CHUNK), device=got.device)
+            exp, src = self.expected(torch, pos, got.dtype)
+            bad = got[lo : lo + pos.numel()] != exp
+            c = int(bad.sum().item())
+            if not c:
+                continue
+            wrong += c
+            u, cnt = torch.unique(src[bad], return_counts=True)
+            for s, k in zip(u.tolist(), cnt.tolist()):
+                per_src[int(s)] = per_src.get(int(s), 0) + int(k)
+            for i in pos[bad][: 3 - len(first)].tolist():
+                first.append({"index": i, "from": int(src[i - lo].item()), "got": float(got[i].item()),
+                              "want": float(exp[i - lo].item())})  # fmt: skip
+        return wrong, per_src, first
+
+    def corrupt_positions(self, src: int | None) -> list[int]:
+        """Positions of the result that carry data of `src` (None: one per source): the in-transit fault
+        injection damages these after the collective, as a bad link or receiver would."""
+        srcs = [src] if src is not None else list(range(self.world))
+        if self.op == "all_reduce":
+            return [s for s in srcs if s < self.n]
+        if self.op == "all_gather":
+            return [s * self.n for s in srcs]
+        owner = 0 if self.op == "broadcast" else (self.rank - 1) % self.world
+        return [0] if src in (None, owner) else []
+
+
+def parse_transit(text: str) -> tuple[int | None, int | None] | None:
+    """--corrupt-transit RECEIVER:SOURCE, each a rank or '*' (every one); '' = off."""
+    if not text:
+        return None
+    try:
+        q, s = text.split(":")
+        return (None if q == "*" else int(q)), (None if s == "*" else int(s))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected RECEIVER:SOURCE, each a rank or '*'") from None
 
 
 # ---- the rank -----------------------------------------------------------------------------------
@@ -89,6 +189,11 @@ class Rank:
         self.device = torch.device("cuda", a.local_rank) if self.gpu else torch.device("cpu")
         if self.gpu:
             torch.cuda.set_device(self.device)
+        # Graph-captured timing loops cost no launch overhead per op (nccl-tests -G); CPUs time eagerly.
+        self.timing = "graph" if self.gpu and a.timing in ("auto", "graph") else "eager"
+        self.graph_error: str | None = None
+        self.last_timing = self.timing
+        self.last_times: dict[str, float] = {}
         self.store = None
         self.results: list[dict[str, Any]] = []
         self.phase = "start"
@@ -105,9 +210,19 @@ class Rank:
         from datetime import timedelta
 
         dist = self.dist
-        self.store = dist.TCPStore(self.a.master, self.a.port, self.world, is_master=self.rank == 0,
-                                   timeout=timedelta(seconds=self.a.timeout), wait_for_workers=False)  # fmt: skip
+        try:
+            self.store = dist.TCPStore(self.a.master, self.a.port, self.world, is_master=self.rank == 0,
+                                       timeout=timedelta(seconds=self.a.timeout), wait_for_workers=False)  # fmt: skip
+        except Exception as e:
+            raise StoreUnreachable(f"cannot reach the rendezvous store of rank 0 at {self.a.master}:{self.a.port} "
+                                   f"within {self.a.timeout}s: {str(e)[:200]}") from None  # fmt: skip
         self.set_phase("rendezvous")
+        # Every rank waits for every rank's key before any backend starts: a rank that never comes is
+        # named within the rendezvous timeout, also with NCCL, whose own bootstrap would wait forever.
+        try:
+            self.store.wait([f"phase/{i}" for i in range(self.world)], timedelta(seconds=self.a.timeout))
+        except Exception:
+            raise TimeoutError(f"rendezvous: not every rank arrived within {self.a.timeout}s") from None
         dist.init_process_group(self.a.backend, store=self.store, rank=self.rank, world_size=self.world,
                                 timeout=timedelta(seconds=self.a.op_timeout), **self._device_kw())  # fmt: skip
         self.set_phase("initialized")
@@ -129,28 +244,23 @@ class Rank:
         if work is not None and not work.wait(timeout=timedelta(seconds=self.a.op_timeout)):
             raise TimeoutError(f"collective did not finish in {self.a.op_timeout}s")
 
-    def tensors(self, op: str, n: int, dtype: Any) -> tuple[Any, Any]:
-        torch, r, w = self.torch, self.rank, self.world
-        idx = torch.arange(n, device=self.device)
-        if op == "all_reduce":
-            x = (((idx + r) % PATTERN) + 1).to(dtype)
-            exp = torch.tensor(allreduce_expected(w), device=self.device, dtype=dtype)[idx % PATTERN]
-        elif op == "broadcast":
-            pattern = ((idx % 251) + 1).to(dtype)
-            x = pattern.clone() if r == 0 else torch.zeros(n, device=self.device, dtype=dtype)
-            exp = pattern
-        elif op == "all_gather":
-            x = torch.full((n,), float(r + 1), device=self.device, dtype=dtype)
-            exp = torch.arange(1, w + 1, device=self.device, dtype=dtype).repeat_interleave(n)
-        else:  # sendrecv ring: send to r+1, receive from r-1
-            x = (((idx % 3) + r + 1) % 251 + 1).to(dtype)
-            src = (r - 1) % w
-            exp = (((idx % 3) + src + 1) % 251 + 1).to(dtype)
-        if self.a.corrupt_rank == r and op in ("all_reduce", "all_gather", "sendrecv") and n > 0:
-            x[0] += 1  # fault injection: this rank contributes a wrong value
-        if self.a.corrupt_rank == r and op == "broadcast" and r == 0 and n > 0:
-            x[0] += 1
-        return x, exp
+    def inject(self, op: str, x: Any, n: int) -> None:
+        """--corrupt-rank: this rank hands a wrong value to the collective (at a position it owns)."""
+        if self.a.corrupt_rank != self.rank or (op == "broadcast" and self.rank != 0):
+            return
+        p = self.rank if op == "all_reduce" and self.rank < n else 0
+        x[p] = x[p] * 2 + 1  # differs from any positive value and from zero, in either dtype
+
+    def transit(self, op: str, got: Any, n: int) -> None:
+        """--corrupt-transit Q:S: rank Q damages what it received from S after the collective, as a bad
+        link or a bad receiver would; every contribution stays right."""
+        if self.a.corrupt_transit is None:
+            return
+        q, s = self.a.corrupt_transit
+        if q is not None and q != self.rank:
+            return
+        for p in Pattern(op, self.rank, self.world, n).corrupt_positions(s):
+            got[p] = got[p] * 2 + 1
 
     def run_op(self, op: str, x: Any, out: Any) -> Any:
         dist = self.dist
@@ -165,60 +275,111 @@ class Rank:
         return _Multi(reqs)
 
     def one(self, op: str, dtype_name: str, nbytes: int) -> dict[str, Any]:
-        """Time `iters` back-to-back ops on a zero buffer (values stay exact), then run `check_iters`
-        ops on the exact pattern and count wrong elements (as nccl-tests -c does)."""
+        """Time `iters` back-to-back ops on a scratch buffer, then run `check_iters` ops on the exact
+        pattern outside the timed loop and compare every element of every result (nccl-tests -c)."""
         torch = self.torch
         dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
         esize = 4 if dtype_name == "fp32" else 2
         n = max(1, nbytes // esize)
         if op == "sendrecv" and self.world == 1:
             return {"op": op, "dtype": dtype_name, "bytes": n * esize, "skipped": "world of 1"}
-        x0, exp = self.tensors(op, n, dtype)
-        out = torch.zeros(n * self.world if op == "all_gather" else n, device=self.device, dtype=dtype)
-        scratch = torch.zeros_like(x0)
-        t = self.timed(op, scratch, out)
-        wrong = 0
+        pat = Pattern(op, self.rank, self.world, n)
+        out = torch.zeros(pat.out_numel(), device=self.device, dtype=dtype)
+        t = self.timed(op, torch.zeros(n, device=self.device, dtype=dtype), out)
+        x0 = pat.contribution(torch, dtype, self.device)
+        wrong, wrong_from, first, contribution_ok = 0, {}, [], True
         for _ in range(self.a.check_iters):
             x = x0.clone()
-            out.zero_()
+            self.inject(op, x, n)
+            # The buffer handed over is checked against the formula first: a wrong one is this rank's fault.
+            contribution_ok &= bool(torch.equal(x, pat.contribution(torch, dtype, self.device)))
+            out.zero_()  # every expected value is non-zero: an element nobody wrote is wrong
             self.wait(self.run_op(op, x, out))
             self.sync()
             got = out if op in ("all_gather", "sendrecv") else x
-            wrong = max(wrong, int((got != exp).sum().item()))
+            self.transit(op, got, n)
+            w, per_src, f = pat.count_wrong(torch, got)
+            if w >= wrong:
+                wrong, first = w, f
+            for s, c in per_src.items():
+                wrong_from[s] = max(wrong_from.get(s, 0), c)
         # nccl-tests' size: the per-rank buffer, except AllGather where it is the gathered output.
         size = n * esize * (self.world if op == "all_gather" else 1)
         alg = size / t
         res = {"op": op, "dtype": dtype_name, "bytes": size, "time_us": round(t * 1e6, 2),
                "algbw_GBps": round(alg / 1e9, 3), "busbw_GBps": round(alg * bus_factor(op, self.world) / 1e9, 3),
-               "wrong": wrong}  # fmt: skip
+               "wrong": wrong, "timing": self.last_timing}  # fmt: skip
+        for mode, secs in self.last_times.items():
+            res[f"{mode}_time_us"] = round(secs * 1e6, 2)
+        if wrong:
+            res["wrong_from"] = {str(s): c for s, c in sorted(wrong_from.items())}
+            res["first_wrong"] = first
+        if not contribution_ok:
+            res["contribution_ok"] = False
         if self.a.reference and op == "all_reduce":
-            ref = self.reference_time(scratch)
+            ref = self.reference_time(torch.zeros(n, device=self.device, dtype=dtype))
             res["ref_time_us"] = round(ref * 1e6, 2)
             res["ref_busbw_GBps"] = round(n * esize / ref * bus_factor(op, self.world) / 1e9, 3)
         return res
 
     def timed(self, op: str, scratch: Any, out: Any) -> float:
-        """Seconds per op over `iters` back-to-back ops. On GPUs the ops are only enqueued (the host
-        never waits per op) and CUDA events time the stream, as nccl-tests does; a hung collective is
-        ended by NCCL's watchdog (op_timeout) or the rank's outer watchdog."""
+        """Seconds per op over `iters` back-to-back ops, timed by CUDA events (median of `reps` loops).
+        The loop is captured once as a CUDA graph and replayed (no host launch cost per op, nccl-tests -G);
+        with --timing auto, from --eager-from bytes it is also enqueued eagerly (nccl-tests' default) and
+        the faster is reported - the same NCCL call on the same buffers either way, both times kept in the
+        result (a captured copy can be slower at large sizes). --timing eager, or a failed capture: eager
+        only; --timing graph: graph only."""
+        torch = self.torch
+        self.last_times = {}
         if not self.gpu:
             for _ in range(self.a.warmup):
                 self.wait(self.run_op(op, scratch, out))
             t0 = time.perf_counter()
             for _ in range(self.a.iters):
                 self.wait(self.run_op(op, scratch, out))
+            self.last_timing = "eager"
             return (time.perf_counter() - t0) / max(1, self.a.iters)
+        for _ in range(max(1, self.a.warmup)):  # also creates the communicator before any capture
+            self.enqueue(op, scratch, out)
+        torch.cuda.synchronize(self.device)
+        times = self.last_times
+        if self.timing == "graph":
+            try:
+                times["graph"] = self.graph_time(op, scratch, out)
+            except Exception as e:  # a torch/NCCL that cannot capture this op: time it eagerly, say so
+                self.graph_error = f"{op}: {type(e).__name__}: {str(e)[:300]}"
+                self.timing = "eager"
+                torch.cuda.synchronize(self.device)
+        if "graph" not in times or (self.a.timing == "auto" and scratch.numel() * scratch.element_size()
+                                    >= self.a.eager_from):  # fmt: skip
+            times["eager"] = self.median_time(lambda: [self.enqueue(op, scratch, out) for _ in range(self.a.iters)])
+        self.last_timing = min(times, key=times.get)
+        return times[self.last_timing]
+
+    def graph_time(self, op: str, scratch: Any, out: Any) -> float:
         torch = self.torch
-        for _ in range(self.a.warmup):
-            self.enqueue(op, scratch, out)
+        g = torch.cuda.CUDAGraph()
+        # thread_local: torch's NCCL watchdog thread may query events while this thread captures
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            for _ in range(max(1, self.a.iters)):
+                self.enqueue(op, scratch, out)
+        g.replay()  # the first replay uploads the graph
         torch.cuda.synchronize(self.device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(self.a.iters):
-            self.enqueue(op, scratch, out)
-        end.record()
-        torch.cuda.synchronize(self.device)
-        return start.elapsed_time(end) / 1e3 / max(1, self.a.iters)
+        t = self.median_time(g.replay)
+        del g
+        return t
+
+    def median_time(self, launch: Any) -> float:
+        torch = self.torch
+        times = []
+        for _ in range(max(1, self.a.reps)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            launch()
+            end.record()
+            torch.cuda.synchronize(self.device)
+            times.append(start.elapsed_time(end) / 1e3 / max(1, self.a.iters))
+        return sorted(times)[len(times) // 2]
 
     def enqueue(self, op: str, x: Any, out: Any) -> None:
         """Plain blocking-style calls (on NCCL they only enqueue on the stream), like the reference."""
@@ -233,42 +394,36 @@ class Rank:
             self.run_op(op, x, out).wait()  # P2P: wait() makes the stream wait; the host does not block
 
     def reference_time(self, buf: Any) -> float:
-        """PyTorch's plain timing of the same all_reduce: CUDA events around back-to-back calls,
-        no checks, no waits (the side-by-side reference for the checker's own numbers)."""
-        torch, dist = self.torch, self.dist
+        """PyTorch's plain timing of the same all_reduce: CUDA events around back-to-back eager calls,
+        no checks, no graph (the side-by-side reference for the checker's own numbers)."""
+        dist = self.dist
         for _ in range(self.a.warmup):
             dist.all_reduce(buf)
         if self.gpu:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(self.device)
-            start.record()
-            for _ in range(self.a.iters):
-                dist.all_reduce(buf)
-            end.record()
-            torch.cuda.synchronize(self.device)
-            return start.elapsed_time(end) / 1e3 / max(1, self.a.iters)
+            self.torch.cuda.synchronize(self.device)
+            return self.median_time(lambda: [dist.all_reduce(buf) for _ in range(self.a.iters)])
         t0 = time.perf_counter()
         for _ in range(self.a.iters):
             dist.all_reduce(buf)
         return (time.perf_counter() - t0) / max(1, self.a.iters)
 
-    def any_wrong(self, wrong: int) -> bool:
-        t = self.torch.tensor([float(wrong)], device=self.device)
+    def flags_max(self, *values: float) -> list[float]:
+        t = self.torch.tensor([float(v) for v in values], device=self.device)
         self.wait(self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, async_op=True))
-        return bool(t.item() > 0)
+        return t.tolist()
 
-    def diagnose(self, op: str) -> list[int]:
-        """After wrong results: every rank shares whether what it contributed differs from the
-        formula; ranks whose contribution differs are the culprits (all ranks agree on the answer)."""
+    def at_fault(self, mine: bool) -> list[int]:
+        """Every rank shares whether the buffer it handed over differed from the formula: those ranks'
+        contributions were wrong before any transfer (all ranks agree on the answer)."""
         torch = self.torch
-        x, _ = self.tensors(op, 64, torch.float32)
-        injected, self.a.corrupt_rank = self.a.corrupt_rank, -1
-        ref, _ = self.tensors(op, 64, torch.float32)
-        self.a.corrupt_rank = injected
-        flags = torch.tensor([0.0 if torch.equal(x, ref) else 1.0], device=self.device)
+        flags = torch.tensor([1.0 if mine else 0.0], device=self.device)
         gathered = torch.zeros(self.world, device=self.device)
         self.wait(self.dist.all_gather_into_tensor(gathered, flags, async_op=True))
         return [i for i, f in enumerate(gathered.tolist()) if f]
+
+
+class StoreUnreachable(Exception):
+    """Rank 0's TCPStore could not be reached: rank 0 never started, or its node cannot be reached."""
 
 
 class _Multi:
@@ -290,7 +445,8 @@ def run_rank(a: argparse.Namespace) -> int:
     def watchdog() -> None:
         time.sleep(a.deadline)
         r = state["rank"]
-        out.update(error=f"watchdog: rank {a.rank} still running after {a.deadline}s", phase=r.phase if r else "start")
+        out.update(error=f"watchdog: rank {a.rank} still running after {a.deadline}s", phase=r.phase if r else "start",
+                   stalled=_stalled(r, a), results=r.results if r else [])  # fmt: skip
         _emit(out, a)
         os._exit(EXIT_TIMEOUT)
 
@@ -308,22 +464,33 @@ def run_rank(a: argparse.Namespace) -> int:
                     r.set_phase(f"{op}/{dt}/{size}")
                     res = r.one(op, dt, size)
                     r.results.append(res)
-                    if r.any_wrong(res.get("wrong", 0)):  # collective: every rank diagnoses, or none
-                        culprits.update(r.diagnose(op))
+                    mine = res.get("contribution_ok", True) is False
+                    if "skipped" in res:
+                        continue
+                    any_wrong, any_fault = r.flags_max(res.get("wrong", 0), float(mine))
+                    if any_wrong or any_fault:  # collective: every rank asks, or none
+                        culprits.update(r.at_fault(mine))
         r.set_phase("done")
         wrong = sum(x.get("wrong", 0) for x in r.results)
-        out.update(ok=wrong == 0, wrong=wrong, culprit_ranks=sorted(culprits), results=r.results, phase="done")
-        code = 0 if wrong == 0 else EXIT_WRONG
+        out.update(ok=wrong == 0 and not culprits, wrong=wrong, culprit_ranks=sorted(culprits), results=r.results,
+                   phase="done", timing=r.timing)  # fmt: skip
+        if r.graph_error:
+            out["graph_error"] = r.graph_error
+        code = 0 if out["ok"] else EXIT_WRONG
         if a.barrier_end:
             r.wait(r.dist.barrier(async_op=True))
+    except StoreUnreachable as e:
+        out.update(error=str(e), phase="start", store_unreachable=True)
+        code = EXIT_TIMEOUT
     except TimeoutError as e:
         rk = state["rank"]
-        out.update(error=str(e), phase=rk.phase if rk else "start", stalled=_stalled(rk, a))
+        out.update(error=str(e), phase=rk.phase if rk else "start", stalled=_stalled(rk, a),
+                   results=rk.results if rk else [])  # fmt: skip
         code = EXIT_TIMEOUT
     except Exception as e:
         rk = state["rank"]
         out.update(error=f"{type(e).__name__}: {str(e)[:500]}", phase=rk.phase if rk else "start",
-                   stalled=_stalled(rk, a))  # fmt: skip
+                   stalled=_stalled(rk, a), results=rk.results if rk else [])  # fmt: skip
         code = EXIT_ERROR if "timeout" not in str(e).lower() and "timed out" not in str(e).lower() else EXIT_TIMEOUT
     _emit(out, a)
     os._exit(code)  # a broken communicator must not block interpreter exit
@@ -404,10 +571,13 @@ def collect(procs: list[tuple[int, Any]], seconds: float) -> list[dict[str, Any]
 
 
 def _common_args(a: argparse.Namespace) -> list[str]:
+    transit = a.corrupt_transit
     return ["--backend", a.backend, "--ops", ",".join(a.ops), "--dtypes", ",".join(a.dtypes),
             "--sizes", ",".join(map(str, a.sizes)), "--iters", str(a.iters), "--warmup", str(a.warmup),
+            "--reps", str(a.reps), "--timing", a.timing, "--eager-from", str(a.eager_from),
             "--timeout", str(a.timeout), "--op-timeout", str(a.op_timeout), "--deadline", str(a.deadline),
             "--check-iters", str(a.check_iters), "--corrupt-rank", str(a.corrupt_rank),
+            *(["--corrupt-transit", ":".join("*" if v is None else str(v) for v in transit)] if transit else []),
             *(["--reference"] if a.reference else [])]  # fmt: skip
 
 
@@ -417,14 +587,21 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", type=lambda s: [x for x in s.split(",") if x], default=list(DTYPES))
     p.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",") if x], default=None,
                    help="bytes per rank, e.g. 8,1K,1M,1G (default: 8B..1GiB x4 on GPU, 8B..4MiB on CPU)")  # fmt: skip
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=20, help="ops per timed loop")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--reps", type=int, default=3, help="timed loops per size on GPUs; the median is reported")
+    p.add_argument("--timing", choices=["auto", "graph", "eager"], default="auto",
+                   help="GPU timing loop: a captured CUDA graph, eager calls, or auto (see --eager-from)")  # fmt: skip
+    p.add_argument("--eager-from", type=parse_size, default=1024**2,
+                   help="auto timing: from this many bytes per rank, also eager calls; the faster counts")  # fmt: skip
     p.add_argument("--timeout", type=float, default=60, help="rendezvous timeout (s)")
     p.add_argument("--op-timeout", type=float, default=60, help="per-collective timeout (s)")
     p.add_argument("--deadline", type=float, default=600, help="outer watchdog for the whole rank (s)")
     p.add_argument("--check-iters", type=int, default=2, help="runs on the exact pattern whose results are checked")
     p.add_argument("--reference", action="store_true", help="also time all_reduce as plain PyTorch (side by side)")
     p.add_argument("--corrupt-rank", type=int, default=-1, help="fault injection: this rank contributes a wrong value")
+    p.add_argument("--corrupt-transit", type=parse_transit, default=None, metavar="RECEIVER:SOURCE",
+                   help="fault injection: RECEIVER damages what it received from SOURCE (a rank or '*')")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -453,6 +630,12 @@ def main(argv: list[str] | None = None) -> int:
     bad = [o for o in a.ops if o not in OPS] + [d for d in a.dtypes if d not in DTYPES]
     if bad:
         ap.error(f"unknown op/dtype {bad}: ops {OPS}, dtypes {DTYPES}")
+    world, flag = (a.world, "--world") if a.cmd == "rank" else (a.nproc, "--nproc")
+    why = world_error(world)
+    if why:  # refused before any rank starts: a result that cannot be exact would blame good links
+        ap.error(f"{flag} {world}: {why}")
+    if a.cmd == "rank" and not 0 <= a.rank < world:
+        ap.error(f"--rank {a.rank}: must be 0 to {world - 1} in a world of {world}")
     return run_rank(a) if a.cmd == "rank" else launch_local(a)
 
 
@@ -507,6 +690,9 @@ def rank_argv(spec: dict[str, Any], rank: int, local: int, numactl: str | None) 
     argv = [spec["python"], "-m", "llmfleet.nccl_check", "rank", "--rank", str(rank), "--world", str(spec["world"]),
             "--local-rank", str(local), "--master", spec["master"], "--port", str(spec["port"]),
             "--deadline", str(spec["deadline"]), *spec.get("args", [])]  # fmt: skip
+    if "--timing" not in argv and len(spec.get("ranks") or []) < spec["world"]:
+        # A world across nodes times eagerly: graph capture over host-staged transports can hang.
+        argv += ["--timing", "eager"]
     delay = (spec.get("delay_ranks") or {}).get(str(rank))
     if delay:
         argv += ["--delay-start", str(delay)]

@@ -1,6 +1,7 @@
 """NCCL check verdicts: what the ranks' JSON results (from llmfleet.nccl_check) say about one
 world, and, on the ops host, about the fleet after the three phases (every node alone, the full
-world, pairwise rounds): culprit ranks, ranks that never arrived, bad or slow nodes, bad links.
+world, pairwise rounds): culprit ranks, ranks whose data arrives damaged, bad receivers, damaged
+(source -> receiver) paths, ranks that never arrived, bad or slow nodes, bad links.
 
 Pure functions over plain data (stdlib only): the rank program's local launcher judges its world
 with judge(), and the nccl_check role's filters call the rest.
@@ -12,24 +13,119 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def _senders(op: str, receiver: int, world: int) -> list[int]:
+    """Ranks whose data lands in `receiver`'s result of `op` (the ring sends rank r to rank r + 1)."""
+    if op in ("all_reduce", "all_gather"):
+        return list(range(world))
+    if op == "broadcast":
+        return [0]
+    return [(receiver - 1) % world]
+
+
+def _cells(ranks: list[dict[str, Any]]) -> tuple[dict[str, dict[tuple[int, int], int]], dict[str, set[int]]]:
+    """{op: {(receiver, source): wrong elements}} and {op: ranks that reported a result of it}."""
+    cells: dict[str, dict[tuple[int, int], int]] = {}
+    reporters: dict[str, set[int]] = {}
+    for r in ranks:
+        for x in r.get("results") or []:
+            if "skipped" in x or "op" not in x:
+                continue
+            reporters.setdefault(x["op"], set()).add(int(r["rank"]))
+            op_cells = cells.setdefault(x["op"], {})
+            for s, c in (x.get("wrong_from") or {}).items():
+                key = (int(r["rank"]), int(s))
+                op_cells[key] = op_cells.get(key, 0) + int(c)
+    return cells, reporters
+
+
+def _attribute_op(op: str, cells: dict[tuple[int, int], int], got: set[int], world: int) -> tuple[set, set, set]:
+    """(damaged sources, bad receivers, (source, receiver) paths) of one op; see attribute()."""
+    damaged = set()
+    for s in sorted({s for _, s in cells}):
+        others = [q for q in got if q != s and s in _senders(op, q, world)]
+        if len(others) >= 2 and all((q, s) in cells for q in others):
+            damaged.add(s)
+    rest = {k for k in cells if k[1] not in damaged}
+    bad_rx = {q for q, _ in rest if len({s for qq, s in rest if qq == q}) >= 2}
+    return damaged, bad_rx, {(s, q) for q, s in rest if q not in bad_rx}
+
+
+def attribute(ranks: list[dict[str, Any]], culprits: frozenset[int] | set[int] = frozenset()) -> dict[str, Any]:
+    """Name what the per-receiver, per-source wrong counts (`wrong_from` of each result) can honestly name:
+
+    - a source whose data arrived wrong at every other rank that receives it (at least two), although
+      its own buffer was right (not a culprit): damaged after it left the rank (its send side);
+    - a receiver that got wrong data from several sources: its receive side;
+    - otherwise each (source -> receiver) pair that arrived wrong: somewhere on that path (NCCL may relay
+      data through other ranks, so this is a path, not necessarily a direct link).
+    Damage spread over more than half the world (e.g. during a reduction) is not attributed."""
+    world = max([int(r.get("world") or 0) for r in ranks] + [len(ranks), 1])
+    cells, reporters = _cells(ranks)
+    sources: set[int] = set()
+    receivers: set[int] = set()
+    transfers: set[tuple[int, int]] = set()
+    lines, spread = [], []
+    for op in sorted(cells):
+        rem = {k: v for k, v in cells[op].items() if k[1] not in culprits}
+        damaged, bad_rx, paths = _attribute_op(op, rem, reporters.get(op, set()), world)
+        if max(len(damaged), len(bad_rx), len(paths)) * 2 > world > 1:
+            spread.append(op)
+            lines.append(f"{op}: wrong at ranks {sorted({q for q, _ in rem})} in data of "
+                         f"{len({s for _, s in rem})} ranks: spread too wide to name one rank or path")  # fmt: skip
+            continue
+        lines += [f"{op}: rank {s}'s data arrived wrong at every other rank, though its buffer was right"
+                  for s in sorted(damaged)]  # fmt: skip
+        lines += [f"{op}: rank {q} received wrong data from ranks {sorted({s for qq, s in rem if qq == q})}"
+                  for q in sorted(bad_rx)]  # fmt: skip
+        lines += [f"{op}: rank {s}'s data arrived wrong at rank {q}" for s, q in sorted(paths)]
+        sources |= damaged
+        receivers |= bad_rx
+        transfers |= paths
+    return {"damaged_sources": sorted(sources), "bad_receivers": sorted(receivers),
+            "bad_transfers": [list(p) for p in sorted(transfers)], "unattributed_ops": spread,
+            "attribution": lines}  # fmt: skip
+
+
+def _named(att: dict[str, Any]) -> list[str]:
+    named = []
+    if att["damaged_sources"]:
+        named.append(f"rank(s) {att['damaged_sources']} sent data that arrived wrong everywhere (their send side)")
+    if att["bad_receivers"]:
+        named.append(f"rank(s) {att['bad_receivers']} received wrong data from several ranks (their receive side)")
+    if att["bad_transfers"]:
+        named.append("wrong on the way " + ", ".join(f"{s}->{q}" for s, q in att["bad_transfers"]))
+    if att["unattributed_ops"]:
+        named.append(f"{', '.join(att['unattributed_ops'])}: damage spread over most ranks, check links")
+    return named
+
+
+def _missing(ranks: list[dict[str, Any]]) -> list[int]:
+    missing = {int(k) for r in ranks for k, v in (r.get("stalled") or {}).items() if v == "missing"}
+    if 0 not in {r.get("rank") for r in ranks} and any(r.get("store_unreachable") for r in ranks):
+        missing.add(0)  # rank 0 hosts the store: nobody reached it and it reported nothing
+    return sorted(missing)
+
+
 def judge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Verdict for one world: ok, the culprit ranks (wrong contribution), ranks that never arrived
-    or stalled, and one line saying so."""
+    """Verdict for one world: ok, the culprit ranks (their buffer was wrong before the collective),
+    what the wrong elements' sources say (attribute()), ranks that never arrived or stalled, and one
+    line saying so."""
     bad_values = sorted({c for r in ranks for c in r.get("culprit_ranks", [])})
     wrong_ranks = sorted(r["rank"] for r in ranks if r.get("wrong"))
-    missing: set[int] = set()
-    for r in ranks:
-        for k, v in (r.get("stalled") or {}).items():
-            if v == "missing":
-                missing.add(int(k))
+    missing = _missing(ranks)
     errored = sorted(r["rank"] for r in ranks if r.get("error"))
+    att = attribute(ranks, set(bad_values))
+    named = _named(att)
     ok = all(r.get("ok") for r in ranks) and len(ranks) > 0
     if ok:
         line = f"PASS: {len(ranks)} ranks, every element exact"
     elif bad_values:
         line = f"FAIL: wrong values on ranks {wrong_ranks}; the contribution of rank(s) {bad_values} is wrong"
+        line += "".join(f"; {x}" for x in named)
+    elif named:
+        line = f"FAIL: wrong values on ranks {wrong_ranks}; " + "; ".join(named)
     elif missing:
-        line = f"FAIL: rank(s) {sorted(missing)} never arrived; ranks {errored} gave up"
+        line = f"FAIL: rank(s) {missing} never arrived; ranks {errored} gave up"
     elif wrong_ranks:
         line = f"FAIL: wrong values on ranks {wrong_ranks} (no single rank's contribution is at fault: check links)"
     else:
@@ -37,8 +133,9 @@ def judge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
             f"FAIL: ranks {errored} failed: "
             + "; ".join(str(r.get("error"))[:120] for r in ranks if r.get("error"))[:400]
         )
-    return {"ok": ok, "culprit_ranks": bad_values, "missing_ranks": sorted(missing), "failed_ranks": errored,
-            "verdict": line}  # fmt: skip
+    wrong_by_rank = {str(r["rank"]): int(r.get("wrong") or 0) for r in ranks if "rank" in r}
+    return {"ok": ok, "culprit_ranks": bad_values, "missing_ranks": missing, "failed_ranks": errored,
+            "wrong_ranks": wrong_ranks, "wrong_by_rank": wrong_by_rank, **att, "verdict": line}  # fmt: skip
 
 
 def slow_nodes(single: dict[str, list[dict[str, Any]]], floors: dict[str, float], models: dict[str, str | None],
@@ -130,6 +227,12 @@ def fleet_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: in
         culprits.append(f"bad node(s): {', '.join(iso['bad_nodes'])}")
     if iso["bad_links"]:
         culprits.append(f"bad link(s): {', '.join(iso['bad_links'])}")
+    if full["damaged_sources"]:
+        culprits.append(f"rank(s) {full['damaged_sources']} send data that arrives wrong (send side)")
+    if full["bad_receivers"]:
+        culprits.append(f"rank(s) {full['bad_receivers']} receive wrong data (receive side)")
+    if full["bad_transfers"]:
+        culprits.append("data damaged on the way " + ", ".join(f"{s}->{q}" for s, q in full["bad_transfers"]))
     if full["missing_ranks"]:
         culprits.append(f"rank(s) {full['missing_ranks']} never arrived")
     for n, why in sorted(slow.items()):

@@ -9,7 +9,8 @@ record (JSON) that says what happened and which rank failed first. docs/wrapper.
 This module composes the parts and holds the command line; each part is a module of its own, none imports
 this one: logobserver (phases, READY, error lines, ranks), wrapper_pump (output pass-through),
 wrapper_process (process group, signals, stop deadline), wrapper_record (verdict, reason, record files),
-wrapper_cgroup (unit, OOM counter), wrapper_secrets (credentials, redaction), wrapper_notify (sd_notify).
+wrapper_cgroup (unit, OOM counter), wrapper_secrets (credentials, redaction), wrapper_notify (sd_notify),
+wrapper_link (the deployment link: the wrappers of a multi-node deployment stop and restart together).
 Their public names stay importable from here.
 
 Stdlib only, Python >= 3.8: it is copied to nodes and imported as ``ansible.module_utils.llmfleet.wrapper``.
@@ -38,6 +39,7 @@ from .logobserver import (
     rank_of,
 )
 from .wrapper_cgroup import oom_counter_file, oom_evidence, oom_read, read_oom_counters, unit_of
+from .wrapper_link import EXIT_PEER_FAILED, DeploymentLink, parse_addr
 from .wrapper_notify import Notifier
 from .wrapper_process import (
     FORWARDED_SIGNALS,
@@ -78,7 +80,8 @@ from .wrapper_secrets import (
 )
 
 __all__ = [  # what other modules and tests import from here (the names wrapper.py has always had)
-    "DEFAULT_READY_REGEX", "ERROR_PATTERN", "EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_UNREQUESTED", "EXIT_USAGE",
+    "DEFAULT_READY_REGEX", "ERROR_PATTERN", "EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_PEER_FAILED",
+    "EXIT_UNREQUESTED", "EXIT_USAGE",
     "EXTEND_EVERY_S", "FORWARDED_SIGNALS", "LEFTOVER_WAIT_S", "LINE_KEEP", "MAX_LINE", "MIN_SECRET_PART",
     "PHASES", "PHASE_PATTERNS", "POLL_S", "PROGRESS_PATTERN", "READER_JOIN_S", "RECORD_KEEP", "RECORD_KEYS",
     "REDACTED", "SCHEMA", "STOP_SIGNALS", "LogObserver", "Notifier", "Redactor", "SetupError", "Wrapper",
@@ -88,6 +91,7 @@ __all__ = [  # what other modules and tests import from here (the names wrapper.
 ]  # fmt: skip
 
 EXTEND_EVERY_S = 5.0
+LINK_GRACE_S = 2.0  # how long an engine that exited 0 by itself waits for the link to say the deployment stops
 
 
 class Wrapper:
@@ -116,6 +120,8 @@ class Wrapper:
         self.last_extend = 0.0
         self.started_at = time.time()
         self.ended_at: float | None = None
+        self.link: DeploymentLink | None = None
+        self.link_stop: dict | None = None  # the link's stop event, when the link (not systemd) stopped the engine
 
     # ---- setup
 
@@ -166,15 +172,79 @@ class Wrapper:
     def _on_stop(self) -> None:
         """The first stop request (main thread, after the engine set its stop deadline)."""
         self.notifier.send("STOPPING=1", f"STATUS=stopping ({signal_name(self.engine.stop_signal)})")
+        if self.link is not None and self.link_stop is None:  # asked here (systemd): the deployment stops with it
+            self.link.local_stop(f"stop requested ({signal_name(self.engine.stop_signal)})")
         with self.lock:
             self._write_status()
 
     # ---- status and record
 
     def _known(self) -> dict:
-        return known_fields(
+        known = known_fields(
             argv=self.argv, cgroup_text=self.cgroup_text, started_at=self.started_at, engine=self.engine, obs=self.obs
         )
+        known["link"] = None
+        if self.link is not None:
+            known["link"] = {
+                "role": "head" if self.link.is_head else "worker",
+                "node": self.link.node,
+                "stopped_by": self.link_stop,
+            }
+        return known
+
+    # ---- the deployment link
+
+    def _open_link(self) -> str | None:
+        """Join the deployment link (workers wait for the head's welcome first); the problem, or None."""
+        a = self.args
+        if not (a.link_listen or a.link_head):
+            return None
+        self.link = DeploymentLink(
+            a.link_node,
+            listen=parse_addr(a.link_listen) if a.link_listen else None,
+            head=parse_addr(a.link_head) if a.link_head else None,
+            timeout=a.link_timeout,
+            on_stop=self._on_link_stop,
+            log=err,
+        )
+        if a.link_head:
+            self.notifier.send(f"STATUS=waiting for the head's wrapper at {a.link_head} (up to {a.link_wait:g} s)")
+        try:
+            self.link.start(time.monotonic() + a.link_wait)
+        except OSError as e:
+            return str(e)
+        return None
+
+    def _start_link(self) -> int | None:
+        """Join the link before the engine starts; the exit code when the engine must not start."""
+        try:
+            problem = self._open_link()
+        except OSError as e:  # the head cannot listen (address in use, not this node's)
+            problem = f"cannot listen on {self.args.link_listen}: {e.strerror or e}"
+        none = child_fields(None, None, False)
+        if problem:
+            self._finish(EXIT_PEER_FAILED, "link-failed", f"{problem}; the engine was not started", child=none,
+                         oom=None, left=0)  # fmt: skip
+            if self.link is not None:
+                self.link.close()
+            return EXIT_PEER_FAILED
+        if self.link is not None and self.engine.stop_requested:  # stopped, or a peer failed, while waiting
+            ev = self.link_stop
+            code = EXIT_PEER_FAILED if ev and ev["kind"] == "failed" else 0
+            verdict = "clean-stop" if ev is None else "peer-failed" if code else "deployment-stopped"
+            self._finish(code, verdict, "stopped before the engine started", child=none, oom=None, left=0)
+            self.link.close()
+            return code
+        return None
+
+    def _on_link_stop(self, kind: str, event: dict) -> None:
+        """A peer failed or was stopped (a link thread): stop this node's engine too."""
+        if self.engine.stop_requested:
+            return  # systemd asked first: that stop is this node's story
+        self.link_stop = dict(event)
+        what = "failed" if kind == "failed" else "was stopped on request"
+        err(f"link: {event['node']} {what} ({event['reason']}); stopping this node's engine with the deployment")
+        self.engine.request_stop()
 
     def _write_status(self) -> None:
         """Live status (caller holds self.lock)."""
@@ -233,6 +303,9 @@ class Wrapper:
         oom_src, oom_before, oom_why = oom_read(self.cgroup_text, self.cgroup_root)
         self.engine.forward_signals()
         self.started_at = time.time()
+        code = self._start_link()
+        if code is not None:
+            return code
         try:
             proc = self.engine.start(self.argv, env)
         except OSError as e:
@@ -246,6 +319,12 @@ class Wrapper:
         self.pump.start((proc.stdout, proc.stderr), (sys.stdout, sys.stderr))
 
         exit_code, sig, core = how_it_ended(self.engine.wait())
+        if self.link is not None and exit_code == 0 and not self.engine.stop_requested:
+            # SGLang's workers exit 0 on the head's shutdown message, which may beat the link's STOP requested.
+            ev = self.link.wait_for_stop(LINK_GRACE_S)
+            if ev is not None and self.link_stop is None:
+                self.link_stop = dict(ev)
+        by_link = self.link_stop is not None  # the link stopped it before it ended on its own
         left = self.engine.kill_leftovers()
         _, oom_after, why_after = oom_read(self.cgroup_text, self.cgroup_root)
         oom = oom_evidence(oom_src, oom_before, oom_after)
@@ -262,6 +341,20 @@ class Wrapper:
         )
         child = child_fields(exit_code, sig, core)
         reason = explain(verdict, code, child, oom, oom_why, engine=self.engine, hint=self.obs.hint())
+        if self.link is not None:
+            if by_link:
+                ev = self.link_stop
+                if ev["kind"] == "failed":
+                    # Whatever the engine did on SIGTERM, the cause is the peer: restart with the deployment.
+                    code, verdict = EXIT_PEER_FAILED, "peer-failed"
+                    reason = f"stopped with the deployment: {ev['node']} failed first ({ev['reason']}); {reason}"
+                else:
+                    code, verdict = 0, "deployment-stopped"
+                    reason = f"stopped with the deployment: {ev['node']} was stopped on request; {reason}"
+                self.link.close()
+            else:
+                first = self.obs.first_error
+                self.link.engine_ended(code != 0, f"{verdict}, exit {code}" + (f": {first}" if first else ""))
         self._finish(code, verdict, reason, child=child, oom=oom, left=left)
         return code
 
@@ -274,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
         "SIGTERM/SIGINT/SIGHUP to its process group, send sd_notify READY/STATUS/EXTEND_TIMEOUT_USEC/STOPPING, "
         "and write a termination record. Details: docs/wrapper.md.",
         epilog=f"exit codes: 0 stopped on request; {EXIT_UNREQUESTED} the engine exited 0 without a stop request; "
+        f"{EXIT_PEER_FAILED} stopped because another node of the deployment failed (or the link did); "
         "n the engine's exit code; 128+s killed by signal s (137 also: ignored the stop signal past --stop-timeout); "
         "2 usage or missing credential; 126/127 cannot execute CMD.",
     )
@@ -290,9 +384,32 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ready-count", type=int, default=1, metavar="N", help="lines matching --ready-regex needed")
     ap.add_argument("--secret-env", action="append", metavar="VAR=CRED", help="set VAR for the engine from "
                     "$CREDENTIALS_DIRECTORY/CRED (LoadCredential=)")  # fmt: skip
+    ap.add_argument("--link-listen", metavar="HOST:PORT", help="the head of a multi-node deployment: listen for the "
+                    "other nodes' wrappers here (the deployment link, docs/wrapper.md)")  # fmt: skip
+    ap.add_argument("--link-head", metavar="HOST:PORT", help="a worker: join the head's wrapper there before starting "
+                    "the engine; stop when any node fails or is stopped")  # fmt: skip
+    ap.add_argument("--link-node", default=os.uname().nodename, metavar="NAME", help="this node's name on the link")
+    ap.add_argument("--link-timeout", type=float, default=5.0, metavar="SEC", help="a peer with no heartbeat this "
+                    "long has failed (default 5)")  # fmt: skip
+    ap.add_argument("--link-wait", type=float, default=600.0, metavar="SEC", help="a worker waits this long for the "
+                    "head's welcome (default 600)")  # fmt: skip
     ap.add_argument("--secret-config", action="append", metavar="OPT:KEY=CRED", help="write 'KEY: <secret>' to a "
                     "private YAML file and pass --OPT FILE to the engine")  # fmt: skip
     return ap
+
+
+def _link_problem(args: argparse.Namespace) -> str | None:
+    if args.link_listen and args.link_head:
+        return "--link-listen (the head) and --link-head (a worker) exclude each other"
+    if args.link_timeout <= 0 or args.link_wait <= 0:
+        return "--link-timeout and --link-wait must be > 0"
+    for flag, value in (("--link-listen", args.link_listen), ("--link-head", args.link_head)):
+        try:
+            if value:
+                parse_addr(value)
+        except ValueError as e:
+            return f"{flag}: {e}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.tail_lines < 0 or args.ready_count < 1 or args.stop_timeout <= 0 or args.extend_timeout <= 0:
         problem = "--tail-lines must be >= 0, --ready-count >= 1, --stop-timeout and --extend-timeout > 0"
     else:
+        problem = _link_problem(args)
+    if not problem:
         try:
             re.compile(args.ready_regex or DEFAULT_READY_REGEX)
             parse_secret_specs(args.secret_env or [], args.secret_config or [])

@@ -95,6 +95,10 @@ class EngineProcess:
             self.stop_requested_at = time.time()
             self.stop_requested = True
 
+    def request_stop(self, signum: int = signal.SIGTERM) -> None:
+        """A stop the wrapper itself asks for (the deployment link, from its thread): as if systemd had sent it."""
+        self._on_signal(signum, None)
+
     def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         """Popen in a new session with both streams piped (OSError when argv[0] cannot be executed); a signal
         that arrived before is forwarded now."""

@@ -4,10 +4,13 @@ with all units stopped (head first), the first failed node named, and no rank le
 
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -166,27 +169,81 @@ def test_a_rank_hanging_in_rendezvous_hits_the_deadline_and_everything_stops(pre
 
 
 def test_restart_on_failure_brings_the_deployment_back(prepared):
-    """vLLM exits 0 when a worker dies (systemd would not restart it); under the wrapper that is exit 70,
-    so Restart=on-failure restarts it. Peers crash at once on peer loss here, so both nodes restart
-    and rendezvous again; the fault fires once."""
+    """vLLM exits 0 when a worker dies (systemd would not restart it); under the wrapper that is exit 70. The
+    other node's ranks sit in their collective until the distributed timeout (600 s) like NCCL's, but the
+    deployment link stops that node within seconds (exit 75, naming node1) and Restart=on-failure brings
+    both back together; the fault fires once."""
     lab = prepared
     spec = "crash:rank=1:phase=serve:after=12:once"
     ssh(lab, "node1", "rm -rf /var/lib/llmfleet/engine/demo/sim")
-    cp = engine("-e", "engine_profile=vllm", *fault_vars(spec, LLMFLEET_SIM_PEER_LOSS="crash"))
+    cp = engine("-e", "engine_profile=vllm", *fault_vars(spec))
     assert cp.returncode == 0, cp.stdout[-4000:]
     assert ask(port=8000) == "703"
-    deadline = time.monotonic() + 150
+    assert "--link-head 10.77.0.11:50082" in unit(lab, "node2", "ExecStart")
+    deadline = time.monotonic() + 150  # far below the 600 s a peer would wait without the link
     restarted = False
     while time.monotonic() < deadline:
-        restarted = int(unit(lab, "node1", "NRestarts") or 0) >= 1
+        restarted = all(int(unit(lab, n, "NRestarts") or 0) >= 1 for n in NODES)
         if restarted and all(unit(lab, n, "ActiveState") == "active" for n in NODES):
             break
         time.sleep(2)
-    assert restarted, "node1 was never restarted"
+    assert restarted, {n: unit(lab, n, "NRestarts") for n in NODES}
     rec = json.loads(ssh(lab, "node1", "cat /var/lib/llmfleet/engine/demo/termination.json.1").stdout)
     assert rec["verdict"] == "unrequested-exit-0" and rec["exit_code"] == 70
+    peer = json.loads(ssh(lab, "node2", "cat /var/lib/llmfleet/engine/demo/termination.json.1").stdout)
+    assert peer["verdict"] == "peer-failed" and peer["exit_code"] == 75, peer["reason"]
+    assert (
+        peer["link"]["stopped_by"]["node"] == "node1" and "unrequested-exit-0" in peer["link"]["stopped_by"]["reason"]
+    )
     assert all(unit(lab, n, "ActiveState") == "active" for n in NODES)
     assert ask(port=8000) == "703"
+
+
+def oncall(lab, tmp_path, *args, timeout=300):
+    """The `llmfleet` on-call CLI from the ops host, over SSH as the lab's operator (become), against node1-2."""
+    inv = tmp_path / "oncall-inventory.yml"
+    inv.write_text(json.dumps({"all": {
+        "vars": {"ansible_user": "ops", "ansible_become": True, "ansible_ssh_common_args": f"-F {lab.ssh_config}",
+                 "llmfleet_deployment": "demo", "ansible_python_interpreter": "/usr/bin/python3"},
+        "children": {"llmfleet_nodes": {"children": {
+            "head": {"hosts": {"node1": {"ansible_host": "10.77.0.11", "llmfleet_fabric_ip": "10.77.0.11"}}},
+            "worker": {"hosts": {"node2": {"ansible_host": "10.77.0.12", "llmfleet_fabric_ip": "10.77.0.12"}}}}}}}}))  # fmt: skip
+    cmd = [str(Path(sys.executable).parent / "llmfleet"), args[0], "-i", str(inv), *args[1:]]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_oncall_commands_find_the_first_failure_and_stop_leaves_nothing(prepared, tmp_path):
+    """After the heal above (node1's rank 1 died, node2 was stopped by the link): status is healthy again and
+    shows the previous run, logs --first-failed and why (over a bundle) name node1, stop leaves no rank,
+    restart serves again."""
+    lab = prepared
+    st = oncall(lab, tmp_path, "status", "--json")
+    assert st.returncode == 0, st.stdout + st.stderr
+    rows = {r["node"]: r for r in json.loads(st.stdout)["nodes"]}
+    assert set(rows) == {"node1", "node2"}, rows
+    logs = oncall(lab, tmp_path, "logs", "--first-failed", "-n", "20")
+    assert logs.returncode == 1 and "node1" in logs.stdout.split("\n", 2)[0] + logs.stdout.split("\n", 2)[1], (
+        logs.stdout
+    )
+    bundle = tmp_path / "bundle"
+    b = oncall(lab, tmp_path, "bundle", "-o", str(bundle))
+    assert b.returncode == 0, b.stdout + b.stderr
+    for node in ("node1", "node2"):
+        # The running engine has no record yet: the crash's is the rotated one.
+        for f in ("journal-llmfleet-demo.service.txt", "kernel.txt", "unit-llmfleet-demo.service.show",
+                  "termination-llmfleet-demo.service.json.1"):  # fmt: skip
+            assert (bundle / node / f).is_file(), (node, f)
+    why = subprocess.run([str(Path(sys.executable).parent / "llmfleet"), "why", "--bundle", str(bundle), "--json"],
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert why.returncode == 1, why.stdout + why.stderr
+    report = json.loads(why.stdout)
+    assert report["first_failure"]["node"] == "node1", json.dumps(report["first_failure"])[:2000]
+    stop = oncall(lab, tmp_path, "stop")
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert_all_stopped(lab)
+    restart = oncall(lab, tmp_path, "restart")
+    assert restart.returncode == 0, restart.stdout + restart.stderr
+    assert ask(port=8000) == "703"  # the deployment above is the vllm profile
 
 
 def test_the_root_login_still_works(prepared):
@@ -330,4 +387,3 @@ def test_a_node_restarting_alone_keeps_the_pinned_revision_and_its_peers_fabric_
     for n in NODES:
         assert unit(lab, n, "InvocationID") != before[n], n
         assert "NCCL_DEBUG=WARN" in ssh(lab, n, "cat /etc/llmfleet/engine/demo.env").stdout, n
-

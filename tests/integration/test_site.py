@@ -42,6 +42,13 @@ def test_site_installs_runtime_and_reports(lab, tmp_path):
     nodes = ", ".join(f"node{i}" for i in range(1, LAB_NODES + 1))
     assert f"demo is serving on {nodes} (llmfleet-demo.service is running)" in cp.stdout, cp.stdout[-3000:]
     assert "llmfleet_stop_before_checks=true" in cp.stdout
+    # Asked to, site.yml stops the deployment in order first, and preflight runs.
+    (tmp_path / "preflight.json").unlink()
+    cp = run_ansible("ansible-playbook", "playbooks/site.yml", "--tags", "preflight", "-e", "llmfleet_stop_before_checks=true",
+                     "-e", f"llmfleet_report_dir={tmp_path}")  # fmt: skip
+    assert "Ordered stop, head first" in cp.stdout
+    assert ssh(lab, "node1", "systemctl is-active llmfleet-demo.service", check=False).stdout.strip() == "inactive"
+    assert json.loads((tmp_path / "preflight.json").read_text())["status"] != "fail"
 
 
 def test_site_refuses_a_contradictory_inventory(lab, tmp_path):

@@ -483,3 +483,24 @@ def test_ordered_stop_stops_the_router_first(monkeypatch):
     msg = gate.failure_message({"first_failed": {"node": "n2", "node_rank": 1, "why": "x", "journal_tail": []},
                                 "stop": rows})  # fmt: skip
     assert "stopped in order (head first): n1 e-router.service inactive, n1 inactive" in msg
+
+
+def test_the_first_failed_node_is_never_one_the_link_stopped_for_another():
+    """With the deployment link, a peer stopped because node2 failed may end (by its clock) before node2's own
+    record is written: it is a consequence, not the first failure."""
+    t0 = 1000.0
+    nodes = []
+    for name, rank in (("node1", 0), ("node2", 1), ("node3", 2)):
+        n = gate.Node({"name": name, "rank": rank, "ssh": ["ssh", name]}, "u.service", "/s", "/r")
+        n.failed_at = t0 + 10
+        nodes.append(n)
+    records = {
+        "node1": {"verdict": "peer-failed", "ended_at": t0 + 3.1},
+        "node2": {"verdict": "signal", "ended_at": t0 + 3.4},
+        "node3": {"verdict": "peer-failed", "ended_at": t0 + 3.2},
+    }
+    assert gate.first_failed(nodes, records, t0).name == "node2"
+    # Without the link's verdicts, the earliest end wins, then the rank.
+    records = {k: dict(v, verdict="exit-code") for k, v in records.items()}
+    assert gate.first_failed(nodes, records, t0).name == "node1"
+    assert gate.first_failed(nodes, {}, t0).name == "node1"

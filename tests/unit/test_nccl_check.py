@@ -1,6 +1,7 @@
-"""NCCL check, the rank program: exact values, nccl-tests formulas, the command line, the
-ranks' argv, and real gloo worlds on this host (one process per rank) with a corrupting rank and a
-rank that never arrives. What the results mean is tests/unit/test_nccl_verdict.py."""
+"""NCCL check, the rank program: nccl-tests formulas, the command line, the ranks' argv, and real
+gloo worlds on this host (one process per rank) with a corrupting rank and a rank that never arrives.
+Exact values at any world size: test_nccl_patterns.py; data damaged in transit:
+test_nccl_attribution.py; what the results mean: test_nccl_verdict.py."""
 
 import itertools
 import json
@@ -11,27 +12,6 @@ import time
 import pytest
 
 from llmfleet import nccl_check, nccl_verdict
-
-
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8, 16, 31, 32, 63, 64])
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_values_are_exact_in_the_dtype(world, dtype):
-    torch = pytest.importorskip("torch")
-    assert nccl_check.check_exactness(world, dtype)
-    tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
-    # simulate the sum in the dtype itself, rank by rank, as a reduction would
-    idx = torch.arange(1024)
-    acc = torch.zeros(1024, dtype=tdt)
-    for r in range(world):
-        acc = acc + (((idx + r) % nccl_check.PATTERN) + 1).to(tdt)
-    want = torch.tensor(nccl_check.allreduce_expected(world), dtype=tdt)[idx % nccl_check.PATTERN]
-    assert torch.equal(acc, want)
-    assert torch.equal(((idx % 251) + 1).to(tdt).to(torch.int64), (idx % 251) + 1)  # broadcast pattern
-
-
-def test_bf16_would_break_beyond_the_design_limit():
-    """The check above can fail: at 128 ranks the bf16 sum is no longer exact."""
-    assert not nccl_check.check_exactness(128, "bf16")
 
 
 @pytest.mark.parametrize(

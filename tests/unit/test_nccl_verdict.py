@@ -121,3 +121,78 @@ def test_fleet_verdict_names_a_bad_link_from_the_pairwise_rounds():
     assert v["verdict"] == "FAIL: bad link(s): b<->c"
     assert v["lines"][2] == "phase 3 (pairs): a+b PASS, a+c PASS, b+c FAIL"
     assert v["lines"][-1] == "verdict: FAIL: bad link(s): b<->c"
+
+
+def _rank(rank, world, op="all_reduce", **wrong_from):
+    """One rank's result with wrong elements from the given sources (keyword s<rank>=count)."""
+    wf = {k[1:]: v for k, v in wrong_from.items()}
+    res = {"op": op, "dtype": "bf16", "bytes": 1024, "wrong": sum(wf.values()), **({"wrong_from": wf} if wf else {})}
+    return {
+        "rank": rank,
+        "world": world,
+        "ok": not wf,
+        "wrong": sum(wf.values()),
+        "culprit_ranks": [],
+        "results": [res],
+    }
+
+
+@pytest.mark.parametrize(
+    ("ranks", "named"),
+    [
+        # one receiver, one source: the path between them (NCCL may relay it: a path, not a link)
+        ([_rank(0, 4), _rank(1, 4, s3=5), _rank(2, 4), _rank(3, 4)],
+         {"bad_transfers": [[3, 1]], "damaged_sources": [], "bad_receivers": []}),
+        # every other rank got rank 2's data wrong, rank 2's own buffer was right: its send side
+        ([_rank(0, 4, s2=1), _rank(1, 4, s2=1), _rank(2, 4), _rank(3, 4, s2=1)],
+         {"damaged_sources": [2], "bad_transfers": [], "bad_receivers": []}),
+        # one receiver, wrong data from several sources: its receive side
+        ([_rank(0, 4), _rank(1, 4, s0=1, s2=1, s3=1), _rank(2, 4), _rank(3, 4)],
+         {"bad_receivers": [1], "damaged_sources": [], "bad_transfers": []}),
+        # the ring: rank 3 receives from rank 2 only
+        ([_rank(0, 4, "sendrecv"), _rank(1, 4, "sendrecv"), _rank(2, 4, "sendrecv"), _rank(3, 4, "sendrecv", s2=9)],
+         {"bad_transfers": [[2, 3]]}),
+        # two ranks: one receiver of one source is a path, never "the sender" (one witness is not enough)
+        ([_rank(0, 2, "all_gather"), _rank(1, 2, "all_gather", s0=4)], {"bad_transfers": [[0, 1]], "damaged_sources": []}),
+    ],
+)  # fmt: skip
+def test_wrong_elements_name_what_their_positions_can_say(ranks, named):
+    v = nccl_verdict.judge(ranks)
+    assert not v["ok"] and v["culprit_ranks"] == [] and v["unattributed_ops"] == []
+    assert {k: v[k] for k in named} == named, v["attribution"]
+
+
+def test_damage_spread_over_most_ranks_is_not_pinned_on_anyone():
+    """A partial sum damaged during a ring reduction reaches every rank in data of every rank."""
+    ranks = [_rank(q, 4, s0=1, s1=1, s2=1, s3=1) for q in range(4)]
+    v = nccl_verdict.judge(ranks)
+    assert v["unattributed_ops"] == ["all_reduce"]
+    assert v["damaged_sources"] == v["bad_receivers"] == v["bad_transfers"] == []
+    assert (
+        v["verdict"]
+        == "FAIL: wrong values on ranks [0, 1, 2, 3]; all_reduce: damage spread over most ranks, check links"
+    )
+
+
+def test_a_culprits_own_data_is_explained_by_its_contribution():
+    ranks = [_rank(q, 3, s1=1) for q in range(3)]
+    for r in ranks:
+        r["culprit_ranks"] = [1]
+    v = nccl_verdict.judge(ranks)
+    assert v["culprit_ranks"] == [1] and v["damaged_sources"] == [] and v["attribution"] == []
+    assert v["verdict"] == "FAIL: wrong values on ranks [0, 1, 2]; the contribution of rank(s) [1] is wrong"
+
+
+def test_nobody_reaching_rank_0s_store_names_rank_0():
+    ranks = [{"rank": r, "ok": False, "error": "cannot reach the rendezvous store", "store_unreachable": True}
+             for r in (1, 2)]  # fmt: skip
+    assert nccl_verdict.judge(ranks)["missing_ranks"] == [0]
+    assert nccl_verdict.judge([*ranks, {"rank": 0, "ok": False, "error": "x"}])["missing_ranks"] == []
+
+
+def test_fleet_verdict_names_a_damaged_path():
+    by_node = {"n1": {"_nccl_check_single": {"ok": True}, "_nccl_check_full": {"ranks": [_rank(0, 3), _rank(1, 3, s2=2)]}},
+               "n2": {"_nccl_check_single": {"ok": True}, "_nccl_check_full": {"ranks": [_rank(2, 3)]}}}  # fmt: skip
+    v = fleet_verdict(by_node)
+    assert not v["ok"] and v["full"]["bad_transfers"] == [[2, 1]]
+    assert v["verdict"] == "FAIL: data damaged on the way 2->1"

