@@ -134,7 +134,8 @@ def test_structure_problem_blocks_publish(tmp_path, src):
 
 def test_disk_space_is_checked_before_copying(tmp_path, src):
     with pytest.raises(
-        stage.StageError, match=rf"GiB free, staging needs 0.00 GiB \(8 file\(s\) of {REV[:12]} still missing\) \+ .* GiB margin"
+        stage.StageError,
+        match=rf"GiB free, staging needs 0.00 GiB \(8 file\(s\) of {REV[:12]} still missing\) \+ .* GiB margin",
     ):
         run(tmp_path / "nvme", src, margin_bytes=10**18)
     assert store.read_journal(str(tmp_path / "nvme" / "m" / f".partial-{REV}")) == {}

@@ -174,7 +174,10 @@ def test_repair_disk_check_says_what_the_repair_needs(tmp_path, src):
     with pytest.raises(stage.StageError) as e:
         stage.stage(request(root, src, deep_verify=True, margin_bytes=10**18), lambda rel: [])
     msg = str(e.value)
-    assert f"GiB free, staging needs {size / 2**30:.2f} GiB (repairing {REV[:12]}: 1 damaged file(s) to re-fetch) + " in msg
+    assert (
+        f"GiB free, staging needs {size / 2**30:.2f} GiB (repairing {REV[:12]}: 1 damaged file(s) to re-fetch) + "
+        in msg
+    )
     assert f"Nothing was copied; {root / 'm'} holds {REV[:12]} (" in msg and ", current)" in msg
     assert "lower model_stage_keep" not in msg  # GC runs only after a publish: that would free nothing
     assert os.readlink(root / "m" / "current") == REV and checkpoint.verify_structure(str(rdir)).ok
