@@ -116,6 +116,8 @@ def first_error_in_journals(results: list[NodeResult]) -> dict | None:
 def pick_first_failed(results: list[NodeResult], scan_lines: int) -> dict | None:
     """The node/unit/rank that failed first and why it was picked (see the module's docstring), or None."""
     chain = latest_incident(failure_records(results))
+    # A node the deployment link stopped because another failed (peer-failed) is a consequence, whatever its clock.
+    chain.sort(key=lambda c: c["record"].get("verdict") == "peer-failed")
     if chain:
         f, rec = chain[0], chain[0]["record"]
         fr = rec.get("failed_rank") or (rank_of((rec.get("first_error") or {}).get("line") or "") or None)

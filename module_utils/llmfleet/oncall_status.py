@@ -31,7 +31,9 @@ from .oncall import (
     where,
 )
 
-NOT_A_FAILURE = (None, "clean-stop", "stop-timeout")  # an operator's stop, however it ended
+# An operator's stop, however it ended (deployment-stopped: the link stopped this node with another one stopped on
+# request).
+NOT_A_FAILURE = (None, "clean-stop", "stop-timeout", "deployment-stopped")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

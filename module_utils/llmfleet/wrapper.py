@@ -350,7 +350,8 @@ class Wrapper:
                     reason = f"stopped with the deployment: {ev['node']} failed first ({ev['reason']}); {reason}"
                 else:
                     code, verdict = 0, "deployment-stopped"
-                    reason = f"stopped with the deployment: {ev['node']} was stopped on request; {reason}"
+                    # Not explain()'s text: an engine that exited 0 on the head's shutdown was not "unrequested".
+                    reason = f"stopped with the deployment: {ev['node']} was stopped on request ({ev['reason']})"
                 self.link.close()
             else:
                 first = self.obs.first_error

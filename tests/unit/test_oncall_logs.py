@@ -140,3 +140,13 @@ def test_bad_count(fakes):
     with pytest.raises(SystemExit) as e:
         p.parse_args(["-n", "0"])
     assert e.value.code == 2
+
+
+def test_first_failed_never_picks_a_node_the_link_stopped(fakes, capsys):
+    """The link stops node1 within the second node3's engine failed, and node1's own log may show an error line
+    earlier (its ranks lost their peer): node3 is still the first failure."""
+    _failure(fakes, "node1", "termination.json.1", NOW - 61, verdict="peer-failed",
+             line="(EngineCore pid=1) ERROR remote process exited or there was a network error")  # fmt: skip
+    _failure(fakes, "node3", "termination.json.1", NOW - 60, verdict="signal")
+    rc, out = _logs(fakes, capsys, "--first-failed", "-n", "2")
+    assert rc == 1 and out.startswith("first failed: node3 "), out

@@ -237,3 +237,11 @@ def test_on_call_modules_import_no_third_party_package_at_load():
     code += "print([m for m in ('fabric', 'paramiko', 'ansible', 'invoke') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_node_the_link_stopped_with_an_operators_stop_is_no_failure():
+    """Found on the lab: after `llmfleet stop`, node2's record `deployment-stopped` was listed as a problem."""
+    from llmfleet.oncall_status import record_failed
+
+    assert not record_failed({"verdict": "deployment-stopped", "stop_requested": False})
+    assert record_failed({"verdict": "peer-failed", "stop_requested": False})

@@ -206,6 +206,8 @@ def test_a_worker_whose_engine_exits_0_as_the_head_stops_is_not_a_failure(tmp_pa
         head.p.send_signal(signal.SIGTERM)
         assert head.wait() == 0 and worker.wait() == 0, worker.output()
         assert worker.rec()["verdict"] == "deployment-stopped", worker.rec()["reason"]
+        assert worker.rec()["reason"].startswith("stopped with the deployment: head was stopped on request (stop")
+        assert "without being asked" not in worker.rec()["reason"]
     finally:
         head.kill()
         if worker:
