@@ -92,7 +92,7 @@ def heal_run(lab, engine: str) -> dict:
 def without_link(lab) -> float:
     """The simulator, engine_link=false: how long node1 stays active after node2's rank was killed (with the
     distributed timeout at BASELINE_TIMEOUT s instead of the engines' 600 s, to keep the run short)."""
-    args = [*LIMIT, "-e", "engine_link=false", "-e", f"engine_dist_timeout={BASELINE_TIMEOUT}"]
+    args = [*LIMIT, "-e", json.dumps({"engine_link": False, "engine_dist_timeout": BASELINE_TIMEOUT})]  # booleans: JSON
     ready_run(args)
     ssh(lab, "node2", ENGINES["sim"][4])
     t0 = time.monotonic()

@@ -244,6 +244,10 @@ class Wrapper:
         self.link_stop = dict(event)
         what = "failed" if kind == "failed" else "was stopped on request"
         err(f"link: {event['node']} {what} ({event['reason']}); stopping this node's engine with the deployment")
+        if kind == "failed":
+            # Its peers are gone: no clean shutdown can complete (an engine may wait for them until its stop
+            # deadline), and the deployment restarts sooner the sooner every node is down.
+            self.engine.stop_timeout = min(self.engine.stop_timeout, self.args.link_stop_timeout)
         self.engine.request_stop()
 
     def _write_status(self) -> None:
@@ -392,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--link-node", default=os.uname().nodename, metavar="NAME", help="this node's name on the link")
     ap.add_argument("--link-timeout", type=float, default=5.0, metavar="SEC", help="a peer with no heartbeat this "
                     "long has failed (default 5)")  # fmt: skip
+    ap.add_argument("--link-stop-timeout", type=float, default=5.0, metavar="SEC", help="another node failed: SIGKILL "
+                    "the engine this long after the stop request (default 5; at most --stop-timeout)")  # fmt: skip
     ap.add_argument("--link-wait", type=float, default=600.0, metavar="SEC", help="a worker waits this long for the "
                     "head's welcome (default 600)")  # fmt: skip
     ap.add_argument("--secret-config", action="append", metavar="OPT:KEY=CRED", help="write 'KEY: <secret>' to a "
@@ -402,8 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _link_problem(args: argparse.Namespace) -> str | None:
     if args.link_listen and args.link_head:
         return "--link-listen (the head) and --link-head (a worker) exclude each other"
-    if args.link_timeout <= 0 or args.link_wait <= 0:
-        return "--link-timeout and --link-wait must be > 0"
+    if args.link_timeout <= 0 or args.link_wait <= 0 or args.link_stop_timeout <= 0:
+        return "--link-timeout, --link-wait and --link-stop-timeout must be > 0"
     for flag, value in (("--link-listen", args.link_listen), ("--link-head", args.link_head)):
         try:
             if value:

@@ -167,7 +167,7 @@ def test_a_worker_with_no_head_gives_up_at_its_deadline_without_starting_the_eng
         (["--link-listen", "127.0.0.1:1", "--link-head", "127.0.0.1:2"], "exclude each other"),
         (["--link-head", "nohost"], "--link-head: 'nohost' is not HOST:PORT"),
         (["--link-listen", "127.0.0.1:99999"], "--link-listen: '127.0.0.1:99999' is not HOST:PORT"),
-        (["--link-head", "127.0.0.1:5", "--link-timeout", "0"], "--link-timeout and --link-wait must be > 0"),
+        (["--link-head", "127.0.0.1:5", "--link-timeout", "0"], "--link-timeout, --link-wait and --link-stop-timeout must be > 0"),
     ],
 )
 def test_bad_link_flags_are_usage_errors(flags, message):
@@ -236,6 +236,26 @@ def test_a_stop_of_the_head_stops_the_workers_only_once_its_engine_is_down(tmp_p
         assert head.wait() == 0 and worker.wait() == 0
         assert float(got.read_text()) >= float(done.read_text())
         assert worker.rec()["verdict"] == "deployment-stopped"
+    finally:
+        head.kill()
+        if worker:
+            worker.kill()
+
+
+def test_a_peer_that_ignores_sigterm_after_a_failure_is_killed_at_the_link_deadline(tmp_path):
+    """Found on the lab: a head whose engine waited for its dead peers on SIGTERM was only down at its 10 s stop
+    deadline; after a peer's failure the link gives it --link-stop-timeout."""
+    addr = f"127.0.0.1:{free_port()}"
+    stubborn = [PY, "-c", "import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "print('engine pid', os.getpid(), flush=True)\ntime.sleep(600)"]  # fmt: skip
+    head = Node(tmp_path, "head", ["--link-listen", addr, "--stop-timeout", "60", "--link-stop-timeout", "1"], stubborn)
+    worker = None
+    try:
+        head.engine_pid()
+        worker = Node(tmp_path, "w1", ["--link-head", addr, "--link-wait", "20"])
+        os.kill(worker.engine_pid(), signal.SIGKILL)
+        assert head.wait() == EXIT_PEER_FAILED  # within WAIT (30 s), not the 60 s stop timeout
+        assert head.rec()["killed_after_timeout"] and head.rec()["verdict"] == "peer-failed"
     finally:
         head.kill()
         if worker:
