@@ -167,7 +167,10 @@ def test_a_worker_with_no_head_gives_up_at_its_deadline_without_starting_the_eng
         (["--link-listen", "127.0.0.1:1", "--link-head", "127.0.0.1:2"], "exclude each other"),
         (["--link-head", "nohost"], "--link-head: 'nohost' is not HOST:PORT"),
         (["--link-listen", "127.0.0.1:99999"], "--link-listen: '127.0.0.1:99999' is not HOST:PORT"),
-        (["--link-head", "127.0.0.1:5", "--link-timeout", "0"], "--link-timeout, --link-wait and --link-stop-timeout must be > 0"),
+        (
+            ["--link-head", "127.0.0.1:5", "--link-timeout", "0"],
+            "--link-timeout, --link-wait and --link-stop-timeout must be > 0",
+        ),
     ],
 )
 def test_bad_link_flags_are_usage_errors(flags, message):
