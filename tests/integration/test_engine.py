@@ -60,6 +60,8 @@ def prepared(lab):
         run_ansible("ansible-playbook", f"playbooks/{pb}.yml", *LIMIT)
     yield lab
     engine(playbook="playbooks/engine_stop.yml")
+    for n in NODES:  # a unit a fault left failed would leave the node's systemd "degraded" for later tests
+        ssh(lab, n, f"systemctl reset-failed {UNIT} || true")
     # Leave the NVMe as found: later tests (site.yml) count what staging reads from shared storage.
     for i in range(1, len(NODES) + 1):
         lab.wipe_nvme(lab.node(i))
@@ -226,7 +228,10 @@ def test_oncall_commands_find_the_first_failure_and_stop_leaves_nothing(prepared
         logs.stdout
     )
     bundle = tmp_path / "bundle"
-    b = oncall(lab, tmp_path, "bundle", "-o", str(bundle))
+    # The journals hold this module's earlier injected faults too: collect from the crashed run's start, as
+    # on-call would with --since.
+    crashed = json.loads(ssh(lab, "node1", "cat /var/lib/llmfleet/engine/demo/termination.json.1").stdout)
+    b = oncall(lab, tmp_path, "bundle", "-o", str(bundle), f"--since=@{int(crashed['started_at']) - 1}")
     assert b.returncode == 0, b.stdout + b.stderr
     for node in ("node1", "node2"):
         # The running engine has no record yet: the crash's is the rotated one.
@@ -363,9 +368,15 @@ def test_a_node_restarting_alone_keeps_the_pinned_revision_and_its_peers_fabric_
             f"mkdir -p {MODELS}/{new} && ln -sfn {new} {MODELS}/current.tmp && mv -T {MODELS}/current.tmp {MODELS}/current",
         )
         ssh(lab, "node2", "echo NCCL_SOCKET_IFNAME=wrong0 >> /etc/llmfleet/fabric.env")
-        ssh(lab, "node2", f"systemctl restart {UNIT} --no-block")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and f"{MODELS}/{REV}" not in sim_processes(lab, "node2"):
+        # node2's rank dies: systemd restarts node2 (and, through the deployment link, node1 with it).
+        restarts = int(unit(lab, "node2", "NRestarts") or 0)
+        ssh(lab, "node2", "pkill -KILL -o -f '[e]ngine_sim.py _rank'")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if int(unit(lab, "node2", "NRestarts") or 0) > restarts and f"{MODELS}/{REV}" in sim_processes(
+                lab, "node2"
+            ):
+                break
             time.sleep(1)
         assert f"{MODELS}/{REV}" in sim_processes(lab, "node2") and new not in sim_processes(lab, "node2")
         pid = unit(lab, "node2", "MainPID")
