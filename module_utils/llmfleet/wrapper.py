@@ -237,6 +237,26 @@ class Wrapper:
             return code
         return None
 
+    def _end_link(self, by_link: bool, code: int, verdict: str, reason: str) -> tuple[int, str, str]:
+        """The link's part of the ending: the verdict when the link stopped the engine, else tell the others."""
+        if by_link:
+            ev = self.link_stop
+            if ev["kind"] == "failed":
+                # Whatever the engine did on SIGTERM, the cause is the peer: restart with the deployment.
+                code, verdict = EXIT_PEER_FAILED, "peer-failed"
+                reason = f"stopped with the deployment: {ev['node']} failed first ({ev['reason']}); {reason}"
+            else:
+                code, verdict = 0, "deployment-stopped"
+                # Not explain()'s text: an engine that exited 0 on the head's shutdown was not "unrequested".
+                reason = f"stopped with the deployment: {ev['node']} was stopped on request ({ev['reason']})"
+            self.link.close()
+        else:
+            # Its first error line, redacted: the head logs it to its journal and keeps it in its record.
+            first = (self.obs.first_error or {}).get("line")
+            why = f"{verdict}, exit {code}" + (f": {self.redact.text(first)}" if first else "")
+            self.link.engine_ended(code != 0, why)
+        return code, verdict, reason
+
     def _on_link_stop(self, kind: str, event: dict) -> None:
         """A peer failed or was stopped (a link thread): stop this node's engine too."""
         if self.engine.stop_requested:
@@ -346,20 +366,7 @@ class Wrapper:
         child = child_fields(exit_code, sig, core)
         reason = explain(verdict, code, child, oom, oom_why, engine=self.engine, hint=self.obs.hint())
         if self.link is not None:
-            if by_link:
-                ev = self.link_stop
-                if ev["kind"] == "failed":
-                    # Whatever the engine did on SIGTERM, the cause is the peer: restart with the deployment.
-                    code, verdict = EXIT_PEER_FAILED, "peer-failed"
-                    reason = f"stopped with the deployment: {ev['node']} failed first ({ev['reason']}); {reason}"
-                else:
-                    code, verdict = 0, "deployment-stopped"
-                    # Not explain()'s text: an engine that exited 0 on the head's shutdown was not "unrequested".
-                    reason = f"stopped with the deployment: {ev['node']} was stopped on request ({ev['reason']})"
-                self.link.close()
-            else:
-                first = self.obs.first_error
-                self.link.engine_ended(code != 0, f"{verdict}, exit {code}" + (f": {first}" if first else ""))
+            code, verdict, reason = self._end_link(by_link, code, verdict, reason)
         self._finish(code, verdict, reason, child=child, oom=oom, left=left)
         return code
 

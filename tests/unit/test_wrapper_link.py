@@ -263,3 +263,31 @@ def test_a_peer_that_ignores_sigterm_after_a_failure_is_killed_at_the_link_deadl
         head.kill()
         if worker:
             worker.kill()
+
+
+def test_the_failed_nodes_error_line_reaches_the_head_as_text_and_redacted(tmp_path):
+    """The FAIL message carried the first-error dict's repr, and an engine's error line unredacted into the head's
+    journal and record."""
+    addr = f"127.0.0.1:{free_port()}"
+    cred = tmp_path / "creds"
+    cred.mkdir()
+    (cred / "api-key").write_text("sk-link-secret-0123456789")
+    failing = [PY, "-c", "import os, sys, time\nprint('engine pid', os.getpid(), flush=True)\ntime.sleep(1)\n"
+               "print('RuntimeError: boom with key ' + os.environ['VLLM_API_KEY'], flush=True)\nsys.exit(3)"]  # fmt: skip
+    head = Node(tmp_path, "head", ["--link-listen", addr])
+    worker = None
+    try:
+        head.engine_pid()
+        os.environ["CREDENTIALS_DIRECTORY"] = str(cred)
+        try:
+            worker = Node(tmp_path, "w1", ["--link-head", addr, "--secret-env", "VLLM_API_KEY=api-key"], failing)
+        finally:
+            del os.environ["CREDENTIALS_DIRECTORY"]
+        assert worker.wait() == 3 and head.wait() == EXIT_PEER_FAILED
+        reason = head.rec()["link"]["stopped_by"]["reason"]
+        assert reason.startswith("exit-code, exit 3: RuntimeError: boom with key ") and "{" not in reason, reason
+        assert "sk-link-secret" not in reason and "sk-link-secret" not in head.output()
+    finally:
+        head.kill()
+        if worker:
+            worker.kill()
