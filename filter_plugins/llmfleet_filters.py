@@ -148,6 +148,20 @@ def llmfleet_accept_table(report: Mapping) -> str:
     return render_table(dict(report))
 
 
+def llmfleet_engine_record(gates: list, meta: Mapping) -> dict:
+    """engine-<deployment>.json for the report: this run's gate results, the failure (if any) up front."""
+    from llmfleet.gate import deployment_record
+
+    return deployment_record(list(gates or []), **dict(meta))
+
+
+def llmfleet_timeline_table(timeline: Mapping) -> list:
+    """The cold-start timeline as fixed-width lines in seconds (play output)."""
+    from llmfleet.gate import timeline_table
+
+    return timeline_table(dict(timeline or {}))
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -166,4 +180,6 @@ class FilterModule:
             "llmfleet_gate_groups": llmfleet_gate_groups,
             "llmfleet_router_plan": llmfleet_router_plan,
             "llmfleet_pd_gate_nodes": llmfleet_pd_gate_nodes,
+            "llmfleet_engine_record": llmfleet_engine_record,
+            "llmfleet_timeline_table": llmfleet_timeline_table,
         }

@@ -132,6 +132,12 @@ options:
         prompt tokens rose, three answers in a row) or the metric is missing; false only reports the evidence.
     type: bool
     default: true
+  progress_path:
+    description:
+      - A JSON file the gate rewrites on every poll with each unit's state and start-up phase and the API's last
+        problem, for progress lines while it runs as an async job (M(llmfleet_job_wait) with C(progress=gate)). Put
+        it in a private directory; it is written as C(<path>.tmp) and renamed.
+    type: path
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -278,6 +284,7 @@ def argument_spec() -> dict:
             },
         },
         "require_kv_transfer": {"type": "bool", "default": True},
+        "progress_path": {"type": "path"},
     }
 
 
@@ -299,7 +306,7 @@ def run(module: AnsibleModule) -> None:
             api_base=p["api_base"], model=p["model"],
             api_key=p["api_key"] or None, prompt=p["prompt"], expect=p["expect"], deadline=p["deadline"],
             poll=p["poll"], journal_lines=p["journal_lines"], stop_timeout=p["stop_timeout"],
-            unreachable_after=p["unreachable_after"], read_as=p["read_as"],
+            unreachable_after=p["unreachable_after"], read_as=p["read_as"], progress_path=p["progress_path"],
             **({"router": p["router"], "require_kv_transfer": p["require_kv_transfer"]} if p["router"] else {}),
         )  # fmt: skip
     except ValueError as e:  # no head (node rank 0) among the nodes, or P/D nodes without api_base / pd_role

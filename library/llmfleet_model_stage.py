@@ -136,7 +136,7 @@ options:
     type: float
     default: 600
   progress_path:
-    description: JSON progress file written while copying (read by M(llmfleet_model_stage_wait)).
+    description: JSON progress file written while copying (read by M(llmfleet_job_wait)).
     type: path
   rate_limit_bytes_per_s:
     description: Cap on this node's copy rate (0 = unlimited).
@@ -197,6 +197,10 @@ files_to_copy:
   description: Files that had to be copied at start (in check mode, that would be copied).
   returned: always
   type: int
+elapsed_s:
+  description: Seconds the run spent holding the model's lock (plan, copy, verify, publish, garbage collection).
+  returned: success
+  type: float
 bytes_copied:
   description: Bytes written on this node.
   returned: success

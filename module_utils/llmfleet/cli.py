@@ -24,6 +24,7 @@ from . import (
     oncall_status,
     oncall_stop,
     oncall_why,
+    report_cli,
     servebench,
 )
 from .manifest import HEX40
@@ -296,6 +297,7 @@ PLUGGED = (
     ("stop", oncall_stop, "stop a deployment in order (router, head, workers), bounded; says what it had to kill"),
     ("restart", oncall_restart, "stop in order, start in rank order, wait until every unit is READY"),
     ("rdma-proof", oncall_rdma, "HCA port byte counters on all nodes around CMD (or a sleep); silent rails called out"),
+    ("report", report_cli, "the deployment report: HTML page + markdown from this run's records, pass/fail per step"),
 )
 
 

@@ -478,6 +478,7 @@ class Gate:
         router: dict[str, str] | None = None,
         require_kv_transfer: bool = True,
         log: Callable[[str], None] | None = None,
+        progress_path: str | None = None,
     ) -> None:
         if not nodes or min(int(n["rank"]) for n in nodes) != 0:
             raise ValueError("the gate needs the head (node rank 0) among its nodes")
@@ -505,6 +506,7 @@ class Gate:
         self.stop_timeout = stop_timeout
         self.require_kv_transfer = require_kv_transfer
         self.log = log or (lambda _m: None)
+        self.progress_path = progress_path
         # The deployment's API (the head's; P/D: the router's) and, P/D, every instance's own.
         self.events: dict[str, float] = {}
         self.api = Endpoint("router" if self.router else head.name, self.api_base, self.router or head, self.events)
@@ -554,6 +556,7 @@ class Gate:
                         all_active = False
                     elif node.ready_seen_at is None:
                         node.ready_seen_at = time.time()
+                self._write_progress(t0)
                 if any(n.failed_at for n in self.units):
                     return self._fail(t0, "a unit failed")
                 if all_active:
@@ -569,6 +572,28 @@ class Gate:
                 if now > end:
                     return self._fail(t0, "deadline")
                 time.sleep(max(0.0, self.poll - (time.time() - now)))
+
+    def progress(self, t0: float) -> dict[str, Any]:
+        """Where the start is now: each unit's state and start-up phase, and the API's last problem."""
+        rows = []
+        for n in self.units:
+            st = _status_for(n, n.state) or {}
+            rows.append({"name": n.name, "unit": n.state.get("unit", {}).get("ActiveState") or "unknown",
+                         "phase": st.get("phase"), "failed": n.failure})  # fmt: skip
+        return {"elapsed_s": round(time.time() - t0, 1), "deadline_s": self.deadline, "units": rows,
+                "api": self.last_problem}  # fmt: skip
+
+    def _write_progress(self, t0: float) -> None:
+        # For the play's progress lines (llmfleet_job_wait): best effort, never a reason to fail the gate.
+        if not self.progress_path:
+            return
+        tmp = f"{self.progress_path}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(self.progress(t0), f)
+            os.replace(tmp, self.progress_path)
+        except OSError:
+            pass
 
     def _api_checks(self) -> str | None:
         """P/D: every instance alone first, then the router (with the KV proof). The answer when all passed."""
@@ -851,6 +876,75 @@ def ordered_stop(  # noqa: PLR0917 (the stop's fixed facts)
         with ThreadPoolExecutor(max_workers=len(rest)) as pool:
             rows += list(pool.map(lambda r: _stop_one(r, unit, record_file, timeout, read_as), rest))
     return rows
+
+
+_ASYNC_KEYS = ("invocation", "item", "ansible_loop_var", "ansible_index_var", "_engine_gate_i", "changed")
+
+
+def deployment_record(gates: list[dict[str, Any]], **meta: Any) -> dict[str, Any]:
+    """engine-<deployment>.json for the report: the gate results of this run and, when one failed, its verdict,
+    first failed node and rank, first error and log tail up front."""
+    clean = [{k: v for k, v in g.items() if k not in _ASYNC_KEYS} for g in gates]
+    failure = None
+    for g in clean:
+        if g.get("ready") or not (g.get("failed") or g.get("first_failed")):
+            continue
+        ff = g.get("first_failed") or {}
+        rec = ff.get("record") or {}
+        failure = {
+            "verdict": rec.get("verdict") or g.get("kind") or "failed",
+            "kind": g.get("kind"),
+            "message": g.get("msg"),
+            "node": ff.get("node"),
+            "rank": ff.get("rank"),
+            "why": ff.get("why"),
+            "first_error": rec.get("first_error"),
+            "log_tail": ff.get("journal_tail") or [],
+        }
+        break
+    ok = bool(clean) and failure is None and all(g.get("ready") for g in clean)
+    return {**meta, "ok": ok, "gates": clean, "failure": failure}
+
+
+TIMELINE_COLUMNS = (("unit_start", "unit start"), ("weights_loaded", "weights loaded"), ("node_ready", "ready"))
+HEAD_EVENTS = (
+    ("all_units_active", "all units active"),
+    ("port_open", "port open"),
+    ("models_listed", "models listed"),
+    ("first_correct_answer", "first correct answer"),
+    ("kv_transfer_proven", "KV transfer proven"),
+)
+
+
+def timeline_table(timeline: dict[str, Any]) -> list[str]:
+    """The cold-start timeline as fixed-width lines, seconds from the first unit start (play output)."""
+
+    def cell(v: Any) -> str:
+        return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
+
+    head = f"{'node':<16} {'rank':>4}  " + "  ".join(f"{t:>14}" for _, t in TIMELINE_COLUMNS) + "  phase"
+    lines = [head]
+    for name, row in sorted((timeline.get("nodes") or {}).items(), key=lambda kv: (kv[1].get("rank", 0), kv[0])):
+        cells = "  ".join(f"{cell(row.get(k)):>14}" for k, _ in TIMELINE_COLUMNS)
+        lines.append(f"{name:<16} {row.get('rank', ''):>4}  {cells}  {row.get('phase') or '-'}")
+    ev = timeline.get("head") or {}
+    got = [f"{t} {ev[k]:.1f} s" for k, t in HEAD_EVENTS if isinstance(ev.get(k), (int, float))]
+    lines.append("deployment: " + (", ".join(got) if got else "no API event reached"))
+    return lines
+
+
+def progress_line(progress: dict[str, Any]) -> str:
+    """One line for the play while the gate waits: `engine gate 42/3600 s: node1 active (serving), ...`."""
+    units = []
+    for u in progress.get("units") or []:
+        state = u.get("unit") or "unknown"
+        if u.get("failed"):
+            state = f"FAILED ({u['failed']})"
+        units.append(f"{u.get('name')} {state}" + (f" ({u['phase']})" if u.get("phase") else ""))
+    line = f"engine gate {progress.get('elapsed_s', 0):.0f}/{progress.get('deadline_s', 0):.0f} s: " + ", ".join(units)
+    if progress.get("api"):
+        line += f"; API: {progress['api']}"
+    return line
 
 
 def failure_message(res: dict[str, Any]) -> str:

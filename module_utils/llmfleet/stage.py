@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +133,11 @@ def stage(
     os.makedirs(mdir, exist_ok=True)
     held = contextlib.nullcontext() if locked else ModelLock(mdir, req.revision, req.run_by).held(req.lock_wait)
     with held:
-        return _stage_locked(req, mdir, sources, on_source_phase, check)
+        t0 = time.monotonic()
+        result = _stage_locked(req, mdir, sources, on_source_phase, check)
+    # Wall time of the work under the lock (plan, copy, verify, publish, GC): the report's GiB/s per node.
+    result["elapsed_s"] = round(time.monotonic() - t0, 3)
+    return result
 
 
 def _stage_locked(

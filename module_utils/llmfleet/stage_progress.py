@@ -1,6 +1,6 @@
 """Staging progress: what a staging run writes to its progress file (Progress), and the one
 function that turns a snapshot read back from that file into a line (progress_line), used by
-``llmfleet stage`` and by the llmfleet_model_stage_wait action plugin on the controller.
+``llmfleet stage`` and by the llmfleet_job_wait action plugin on the controller.
 
 Stdlib only (the writer runs inside the Ansible module on nodes, Python >= 3.8).
 """

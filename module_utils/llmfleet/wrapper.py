@@ -38,6 +38,7 @@ from .logobserver import (
     log_level,
     rank_of,
 )
+from .metrics import write_engine_metrics
 from .wrapper_cgroup import oom_counter_file, oom_evidence, oom_read, read_oom_counters, unit_of
 from .wrapper_link import EXIT_PEER_FAILED, DeploymentLink, parse_addr
 from .wrapper_notify import Notifier
@@ -303,8 +304,20 @@ class Wrapper:
                     write_json_atomic(path, data)
                 except OSError as e:
                     err(f"cannot write {path}: {e.strerror}")
+        self._write_metrics(rec)
         self.notifier.send(f"STATUS=engine ended: {verdict}, exit {code}")
         err(f"{verdict}: exit {code}: {rec['reason']}")
+
+    def _write_metrics(self, rec: dict) -> None:
+        """--metrics-dir: the termination as a node_exporter text file, after the record. Best effort: a
+        metrics problem is one warning line and never changes the exit code or the record."""
+        if not self.args.metrics_dir:
+            return
+        try:
+            write_engine_metrics(self.args.metrics_dir, rec, deployment=self.args.deployment or "",
+                                 node=self.args.link_node)  # fmt: skip
+        except Exception as e:  # any failure here must not cost the engine's exit code
+            err(f"warning: metrics not written to {self.args.metrics_dir}: {e}")
 
     # ---- run
 
@@ -407,6 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "the engine this long after the stop request (default 5; at most --stop-timeout)")  # fmt: skip
     ap.add_argument("--link-wait", type=float, default=600.0, metavar="SEC", help="a worker waits this long for the "
                     "head's welcome (default 600)")  # fmt: skip
+    ap.add_argument("--metrics-dir", metavar="DIR", help="after the record, write the termination as a Prometheus "
+                    "text file DIR/llmfleet_engine_<unit>.prom for node_exporter (docs/metrics.md)")  # fmt: skip
+    ap.add_argument("--deployment", metavar="NAME", help="the deployment label of the metrics (default: from the "
+                    "unit's name llmfleet-NAME.service)")  # fmt: skip
     ap.add_argument("--secret-config", action="append", metavar="OPT:KEY=CRED", help="write 'KEY: <secret>' to a "
                     "private YAML file and pass --OPT FILE to the engine")  # fmt: skip
     return ap

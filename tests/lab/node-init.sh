@@ -54,6 +54,8 @@ mount --bind "$node_dir/console.log" "$R/dev/console"
 
 # Node "disks": private NVMe, shared storage read-only, the project (and its venv) read-only.
 mkdir -p "$R/mnt/nvme" "$R/mnt/shared" "$R/mnt/shared-rw" "$R$project"
+# node_exporter's textfile directory, as its package leaves it (llmfleet_metrics_dir).
+install -d -m 0755 "$R/var/lib/node_exporter/textfile_collector"
 mount --bind "$node_dir/nvme" "$R/mnt/nvme"
 mount --bind "$shared" "$R/mnt/shared"
 mount -o remount,bind,ro "$R/mnt/shared"

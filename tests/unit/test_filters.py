@@ -45,6 +45,7 @@ def test_every_filter_name_is_registered():
         "llmfleet_cache_env",
         "llmfleet_duplicates",
         "llmfleet_engine_plan",
+        "llmfleet_engine_record",
         "llmfleet_gate_groups",
         "llmfleet_gpu_model",
         "llmfleet_layout_error",
@@ -56,6 +57,7 @@ def test_every_filter_name_is_registered():
         "llmfleet_router_plan",
         "llmfleet_ssh_argv",
         "llmfleet_systemd_line",
+        "llmfleet_timeline_table",
     ]
 
 

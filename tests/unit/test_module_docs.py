@@ -182,10 +182,3 @@ def test_block_style_yaml_and_examples_use_the_module(name):
     if not any(name in t for t in tasks):
         problems.append(f"no example task uses {name}")
     assert not problems, f"{name}: " + "; ".join(problems)
-
-
-def test_wait_action_returns_what_the_staging_module_returns(docs):
-    """The action hands back the async staging job's result: its RETURN covers the module's (except the
-    check-mode-only keys: the action never sees a check-mode job)."""
-    stage = {k for k, v in docs["llmfleet_model_stage"]["return"].items() if v["returned"] != "check mode"}
-    assert stage - set(docs["llmfleet_model_stage_wait"]["return"]) == set()

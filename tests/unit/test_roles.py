@@ -278,6 +278,11 @@ NOT_CONTRACT = {
     "llmfleet_topology",
     "llmfleet_nodes",
     "llmfleet_version",
+    # prefixes of the metrics files the roles write (llmfleet_stage_<model>.prom, ...; docs/metrics.md)
+    "llmfleet_acceptance_",
+    "llmfleet_bench_",
+    "llmfleet_engine_ready_",
+    "llmfleet_stage_",
 }
 
 

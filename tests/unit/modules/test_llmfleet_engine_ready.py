@@ -63,7 +63,7 @@ def test_options_become_the_gate(gate):
                   "record_file": "/var/lib/llmfleet/engine/qwen/termination.json",
                   "api_base": "http://10.0.0.11:30000", "model": "qwen", "api_key": "sk-secret", "prompt": "6*7?",
                   "expect": "42", "deadline": 120.0, "poll": 1.0, "journal_lines": 10, "stop_timeout": 60.0,
-                  "unreachable_after": 6.0, "read_as": "llmfleet"}  # fmt: skip
+                  "unreachable_after": 6.0, "read_as": "llmfleet", "progress_path": None}  # fmt: skip
     assert res["ready"] is True and res["changed"] is False and res["answer"] == "703"
     assert not undocumented(mod, res)
 

@@ -1,5 +1,5 @@
-"""llmfleet_model_stage_wait (an action plugin; library/ holds its doc stub): options -> the async_status
-and slurp calls it makes on the node, progress lines while the job runs, the job's result at the end."""
+"""llmfleet_job_wait (an action plugin; library/ holds its doc stub): options -> the async_status and slurp
+calls it makes on the node, progress lines while the job runs, the job's result at the end."""
 
 import base64
 import importlib.util
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 from ansible.errors import AnsibleActionFail
 
-PATH = Path(__file__).parents[3] / "action_plugins" / "llmfleet_model_stage_wait.py"
-_spec = importlib.util.spec_from_file_location("llmfleet_model_stage_wait_action", PATH)
+PATH = Path(__file__).parents[3] / "action_plugins" / "llmfleet_job_wait.py"
+_spec = importlib.util.spec_from_file_location("llmfleet_job_wait_action", PATH)
 action = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(action)
 
@@ -23,10 +23,10 @@ DONE = {"finished": 1, "ansible_job_id": "j1", "results_file": "/r", "started": 
 
 def plugin(monkeypatch, args, statuses, progress=None, clock=time.monotonic):
     """The action with a fake node: async_status answers `statuses` in turn; slurp reads `progress`."""
-    task = SimpleNamespace(args=args, async_val=0, check_mode=False, action="llmfleet_model_stage_wait")
+    task = SimpleNamespace(args=args, async_val=0, check_mode=False, action="llmfleet_job_wait")
     conn = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/tmp/x"))
     am = action.ActionModule(task, conn, play_context=None, loader=None, templar=None)
-    am._load_name = "llmfleet_model_stage_wait"
+    am._load_name = "llmfleet_job_wait"
     calls, lines = [], []
     answers = iter(statuses)
 
@@ -50,7 +50,8 @@ def plugin(monkeypatch, args, statuses, progress=None, clock=time.monotonic):
 def test_options_become_the_node_calls_and_the_result_is_the_jobs(monkeypatch):
     progress = {"phase": "copying", "total_bytes": 4 * GiB, "done_bytes": GiB, "rate_bytes_per_s": 2**29,
                 "source_bytes_read": GiB, "peer_bytes_read": 0}  # fmt: skip
-    am, calls, lines = plugin(monkeypatch, {"jid": "j1", "progress_path": "/var/lib/llmfleet/p.json", "interval": "2"},
+    am, calls, lines = plugin(monkeypatch, {"jid": "j1", "what": "staging", "progress_path": "/var/lib/llmfleet/p.json",
+                                         "progress": "stage", "interval": "2"},
                               [{"finished": 0}, DONE], progress)  # fmt: skip
     res = am.run(task_vars={"inventory_hostname": "node1"})
     status = {"jid": "j1", "mode": "status", "_async_dir": "/home/ops/.ansible_async"}
@@ -69,21 +70,23 @@ def test_options_become_the_node_calls_and_the_result_is_the_jobs(monkeypatch):
 
 def test_timeout_fails_naming_the_last_progress(monkeypatch):
     ticks = iter([0.0, 0.0, 11.0])
-    am, _calls, _lines = plugin(monkeypatch, {"jid": "j1", "progress_path": "/p.json", "timeout": 10},
+    am, _calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "staging", "progress_path": "/p.json",
+                                                  "progress": "stage", "timeout": 10, "timeout_hint": "It keeps its files."},
                                 [{"finished": 0}, {"finished": 0}], clock=lambda: next(ticks))  # fmt: skip
-    with pytest.raises(AnsibleActionFail, match=r"node1: staging still running after 10 s \(last progress: none\); "
-                                                r"the job goes on on the node \(async job j1, until its async limit\) "
-                                                r"and keeps its verified files. A rerun while it runs waits for it up to "
-                                                r"model_stage_lock_wait seconds or fails naming it"):  # fmt: skip
+    with pytest.raises(AnsibleActionFail, match=r"^node1: staging still running after 10 s \(last progress: none\); "
+                                                r"the job goes on on the node \(async job j1, until its async limit\)\. "
+                                                r"It keeps its files\.$"):  # fmt: skip
         am.run(task_vars={"inventory_hostname": "node1"})
 
 
 @pytest.mark.parametrize(
     ("args", "text"),
     [
-        ({"progress_path": "/p.json"}, "missing required arguments: jid"),
-        ({"jid": "j1", "progress_path": "/p.json", "timeout": "a day"}, "argument 'timeout' is of type str and we were unable to convert to int"),
-        ({"jid": "j1", "progress_path": "/p.json", "poll": 5}, "Unsupported parameters for (llmfleet_model_stage_wait) module: poll"),
+        ({"what": "x", "progress_path": "/p.json"}, "missing required arguments: jid"),
+        ({"jid": "j1", "what": "x", "timeout": "a day"}, "argument 'timeout' is of type str and we were unable to convert to int"),
+        ({"jid": "j1", "what": "x", "poll": 5}, "Unsupported parameters for (llmfleet_job_wait) module: poll"),
+        ({"jid": "j1", "what": "x", "progress": "percent"}, "value of progress must be one of: none, stage, gate"),
+        ({"jid": "j1", "what": "x", "progress": "stage"}, "progress=stage reads a progress file: give progress_path"),
     ],
 )  # fmt: skip
 def test_bad_options_fail_before_any_node_call(monkeypatch, args, text):
@@ -91,3 +94,28 @@ def test_bad_options_fail_before_any_node_call(monkeypatch, args, text):
     with pytest.raises(AnsibleActionFail) as e:
         am.run(task_vars={"inventory_hostname": "node1"})
     assert text in str(e.value) and calls == []
+
+
+def test_a_job_without_progress_file_says_how_long_it_runs_and_never_reads_a_file(monkeypatch):
+    ticks = iter([0.0, 3.0, 12.0, 13.0])
+    am, calls, lines = plugin(monkeypatch, {"jid": "j9", "what": "the full NCCL world", "interval": 10, "timeout": 660},
+                              [{"finished": 0}, {"finished": 0}, {"finished": 1, "ok": True}],
+                              clock=lambda: next(ticks))  # fmt: skip
+    res = am.run(task_vars={"inventory_hostname": "node2"})
+    # The first poll (3 s) is inside the first interval: quiet. The second (12 s) says it runs.
+    assert lines == ["node2: the full NCCL world: running for 12 s (at most 660 s)"]
+    assert not [c for c in calls if c[0] == "ansible.legacy.slurp"]
+    assert res == {"ok": True}
+
+
+def test_gate_progress_becomes_one_line_per_poll(monkeypatch):
+    progress = {"elapsed_s": 42.0, "deadline_s": 3600, "api": "connection refused",
+                "units": [{"name": "node1", "unit": "active", "phase": "serving", "failed": None},
+                          {"name": "node2", "unit": "activating", "phase": "loading", "failed": None}]}  # fmt: skip
+    am, _calls, lines = plugin(monkeypatch, {"jid": "j1", "what": "engine readiness gate", "progress": "gate",
+                                             "progress_path": "/tmp/g/gate-0.json"},
+                               [{"finished": 0}, {"finished": 1, "ready": True}], progress)  # fmt: skip
+    assert am.run(task_vars={"inventory_hostname": "node1"}) == {"ready": True}
+    assert lines == [
+        "engine gate 42/3600 s: node1 active (serving), node2 activating (loading); API: connection refused"
+    ]

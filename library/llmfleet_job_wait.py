@@ -1,0 +1,100 @@
+#!/usr/bin/python
+"""Documentation stub of the llmfleet_job_wait action plugin (action_plugins/): ansible-doc and ansible-lint
+find the documentation of an action here, in a module of the same name. The action runs on the controller;
+this file is never sent to a node."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llmfleet_job_wait
+short_description: Wait for an async llmfleet job, printing progress instead of retries
+description:
+  - Polls the async job I(jid) with C(async_status) until it has finished, then cleans up its async status file
+    and returns the job's own result (without the async bookkeeping keys).
+  - While the job runs, prints one line per node every I(interval) seconds - from the job's progress JSON on
+    the node when I(progress_path) is given (staging - bytes done / total, rate, shared storage vs peers; the
+    engine gate - each node's unit and start-up phase, the API), else how long it has been running. No
+    C(FAILED - RETRYING) lines, and the standard stdout callbacks keep working.
+  - Fails after I(timeout) seconds naming the last progress; the job itself goes on on the node until its
+    async limit.
+  - An action plugin (C(action_plugins/llmfleet_job_wait.py)); this module file only documents it.
+options:
+  jid:
+    description: The async job id (C(ansible_job_id) of the job task's registered result).
+    type: str
+    required: true
+  what:
+    description: What the job does, for the progress and timeout lines (e.g. C(single-node NCCL worlds)).
+    type: str
+    required: true
+  progress_path:
+    description: >-
+      The job's progress JSON where the job runs (the node; the ops host for a job delegated there), read
+      between polls. Without it, the lines only say how long the job has been running.
+    type: path
+  progress:
+    description: >-
+      How to read I(progress_path) - C(stage) (M(llmfleet_model_stage)'s progress), C(gate)
+      (M(llmfleet_engine_ready)'s progress) - or C(none) (no progress file).
+    type: str
+    default: none
+    choices: [none, stage, gate]
+  timeout:
+    description: Seconds before giving up waiting (the job goes on until its own async limit).
+    type: int
+    default: 21600
+  interval:
+    description: Seconds between polls and progress lines.
+    type: float
+    default: 5
+  timeout_hint:
+    description: Appended to the timeout message - what the running job keeps and how a rerun behaves.
+    type: str
+    default: ""
+attributes:
+  action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+    support: full
+  async:
+    description: Supports being used with the C(async) keyword.
+    support: none
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Only reads the job's status and progress file; the async status file is removed once the job has finished.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in --diff mode).
+    support: none
+author: llmfleet developers
+"""
+
+EXAMPLES = r"""
+- name: Start staging on every node
+  llmfleet_model_stage:
+    source: /mnt/shared/models--Qwen--Qwen3.8
+    manifest_path: /mnt/shared/.llmfleet/manifests/qwen3.8/d2dc35658bcf77e66643428cb52e774cc3b5bd29.json
+    model: qwen3.8
+    revision: d2dc35658bcf77e66643428cb52e774cc3b5bd29
+    lease_dir: /mnt/shared/.llmfleet/leases
+    me: "{{ inventory_hostname }}"
+    progress_path: /var/lib/llmfleet/stage-progress.json
+  async: 21600
+  poll: 0
+  register: _stage_job
+
+- name: Wait for staging, showing progress
+  llmfleet_job_wait:
+    jid: "{{ _stage_job.ansible_job_id }}"
+    what: staging
+    progress_path: /var/lib/llmfleet/stage-progress.json
+    progress: stage
+  register: _stage_result
+"""
+
+RETURN = r"""
+changed:
+  description: What the job returned as C(changed).
+  returned: always
+  type: bool
+"""
