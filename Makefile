@@ -64,7 +64,7 @@ lint: $(VENV)/.installed
 	ansible-lint --offline
 
 unit: $(VENV)/.installed
-	pytest -q --durations=15 tests/unit
+	pytest -q -n 2 --durations=15 tests/unit
 
 # roles/<role>/README.md from its meta/argument_specs.yml (tests/unit/test_roles.py fails while one is stale).
 role-docs: $(VENV)/.installed

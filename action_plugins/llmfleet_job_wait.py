@@ -26,6 +26,7 @@ def argument_spec() -> dict:
         "progress": {"type": "str", "default": "none", "choices": list(PROGRESS_FORMATS)},
         "timeout": {"type": "int", "default": 21600},
         "interval": {"type": "float", "default": 5},
+        "poll": {"type": "float", "default": 2},
         "timeout_hint": {"type": "str", "default": ""},
     }
 
@@ -58,6 +59,9 @@ class ActionModule(ActionBase):
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
         start = time.monotonic()
         deadline = start + args["timeout"]
+        # Poll often (a finished job is seen within `poll`), speak every `interval`: a job with a progress file
+        # at once, one without only once it has run a whole interval (a quick job prints nothing).
+        next_line = start if args["progress_path"] else start + args["interval"]
         last = None
         while True:
             st = self._execute_module(
@@ -75,7 +79,8 @@ class ActionModule(ActionBase):
                     st.pop(k, None)
                 return st
             now = time.monotonic()
-            if args["progress_path"]:
+            line = None
+            if now >= next_line and args["progress_path"]:
                 got = self._execute_module(
                     module_name="ansible.legacy.slurp", module_args={"src": args["progress_path"]}, task_vars=task_vars
                 )
@@ -84,19 +89,19 @@ class ActionModule(ActionBase):
                         last = json.loads(base64.b64decode(got["content"]))
                     except ValueError:
                         pass
-            line = _line(args["progress"], last, host)
-            # A job without a progress file says it is still running (after the first interval, so a quick
-            # job prints nothing); one with a file says where it is.
-            if line:
-                display.display(line)
-            elif now - start >= args["interval"]:
-                running = f"running for {now - start:.0f} s (at most {args['timeout']} s)"
-                display.display(f"{host}: {args['what']}: {running}")
+            if now >= next_line:
+                next_line = now + args["interval"]
+                line = _line(args["progress"], last, host)
+                if line:
+                    display.display(line)
+                else:
+                    running = f"running for {now - start:.0f} s (at most {args['timeout']} s)"
+                    display.display(f"{host}: {args['what']}: {running}")
             if now > deadline:
-                seen = line or "none"
+                seen = _line(args["progress"], last, host) or "none"
                 hint = f" {args['timeout_hint']}" if args["timeout_hint"] else ""
                 raise AnsibleActionFail(
                     f"{host}: {args['what']} still running after {args['timeout']} s (last progress: {seen}); the job "
                     f"goes on on the node (async job {args['jid']}, until its async limit).{hint}"
                 )
-            time.sleep(args["interval"])
+            time.sleep(min(args["poll"], args["interval"]))

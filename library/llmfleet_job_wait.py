@@ -45,9 +45,13 @@ options:
     type: int
     default: 21600
   interval:
-    description: Seconds between polls and progress lines.
+    description: Seconds between progress lines.
     type: float
     default: 5
+  poll:
+    description: Seconds between polls of the job (at most I(interval)); a finished job is seen within it.
+    type: float
+    default: 2
   timeout_hint:
     description: Appended to the timeout message - what the running job keeps and how a rerun behaves.
     type: str

@@ -79,8 +79,12 @@ def test_sglang_tp2_pp2_reaches_ready_and_answers(prepared):
     # The head's ranks are global ranks 0,1 (PP stage 0); node2 holds 2,3 (stage 1).
     out = ssh(lab, "node2", f"journalctl -u {UNIT} -o cat --no-pager").stdout
     assert re.search(r"TP1 PP1\]", out), out[-2000:]
+    # What a person reads: where each node's start is while the gate waits (no FAILED - RETRYING), then the
+    # timeline as a table in seconds, and one summary line.
+    assert "engine gate " in cp.stdout and "FAILED - RETRYING" not in cp.stdout, cp.stdout[-5000:]
     timeline = cp.stdout[cp.stdout.index("Cold-start timeline") :]
-    assert "first_correct_answer" in timeline and "weights_loaded" in timeline
+    assert "weights loaded" in timeline and "first correct answer" in timeline and "t0" not in timeline, timeline[:3000]
+    assert "engine: demo (sglang) serves demo-model at http://10.77.0.11:30000" in cp.stdout
 
 
 def test_second_converge_restarts_nothing(prepared):

@@ -32,7 +32,20 @@ def real_vars(**more):
         "engine_served_model_name": "det-model",
         "llmfleet_tp_size": 2,
         "llmfleet_pp_size": 1,
-        "engine_extra_args": ["--enforce-eager", "--max-model-len", "2048", "--dtype", "bfloat16"],
+        # The parsers the det model's acceptance profile expects (docs/acceptance.md), from the first start:
+        # the acceptance test then asks the running engine instead of restarting it.
+        "engine_extra_args": [
+            "--enforce-eager",
+            "--max-model-len",
+            "2048",
+            "--dtype",
+            "bfloat16",
+            "--reasoning-parser",
+            "qwen3",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+        ],
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
         "engine_ready_deadline": 420,
         "engine_start_timeout": 600,
@@ -66,7 +79,7 @@ def test_real_vllm_reaches_ready_and_answers_703(real):
     cp = engine(*real_vars())
     assert cp.returncode == 0, cp.stdout[-6000:]
     assert unit(lab, "ActiveState") == "active"
-    assert "first_correct_answer" in cp.stdout[cp.stdout.index("Cold-start timeline") :]
+    assert "first correct answer" in cp.stdout[cp.stdout.index("Cold-start timeline") :]
     # The real engine's own processes run under the unit (API server, engine core, two TP workers).
     procs = ssh(lab, "node1", f"systemctl status {UNIT} --no-pager -l").stdout
     assert "VLLM::Worker_TP1" in procs and "VLLM::EngineCore" in procs, procs[-3000:]
@@ -79,13 +92,9 @@ def test_real_vllm_reaches_ready_and_answers_703(real):
 
 def test_acceptance_and_serving_benchmark_against_the_real_engine(real, tmp_path):
     """After the gate: the acceptance role (llmfleet accept, with the det model's profile) and the bench
-    role (the real `vllm bench serve` of the CPU build, a 2x2 matrix, 2 rounds) against the endpoint the
-    engine role published."""
-    # The parsers the det model's acceptance profile expects (docs/acceptance.md).
-    parsers = ["--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    extra = real_vars()[1]
-    args = json.loads(extra)["engine_extra_args"] + parsers
-    cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path), engine_extra_args=args))
+    role (the real `vllm bench serve` of the CPU build, two concurrencies, 2 rounds) against the endpoint the
+    engine role published (the bench role's molecule scenario runs it across two nodes)."""
+    cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path)))
     assert cp.returncode == 0, cp.stdout[-4000:]
     published = json.loads((tmp_path / "endpoint-real.json").read_text())
     assert published["model"] == "det-model" and published["engine"] == "vllm", published
@@ -103,12 +112,12 @@ def test_acceptance_and_serving_benchmark_against_the_real_engine(real, tmp_path
         ("models", "answer", "stream", "reasoning", "tools"), "pass"
     ), verdicts
     assert verdicts["multi_turn"] == "fail", verdicts
-    matrix = {"input_len": [32, 64], "output_len": [8], "concurrency": [1, 2]}
+    matrix = {"input_len": [32], "output_len": [8], "concurrency": [1, 2]}
     cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path), bench_matrix=matrix, bench_rounds=2, bench_run_timeout=300),
                 playbook="playbooks/bench.yml", timeout=1200)  # fmt: skip
     assert cp.returncode == 0, cp.stdout[-4000:]
     results = json.loads((tmp_path / "bench-real/results.json").read_text())
-    assert results["ok"] and len(results["cases"]) == 4, results
+    assert results["ok"] and len(results["cases"]) == 2, results
     assert all(c["status"] == "OK" for c in results["cases"]), results["cases"]
     assert (tmp_path / "bench-real/report.md").read_text().count("<svg") == 1
     assert list((tmp_path / "bench-real/raw").iterdir()), "the tool's raw outputs were not kept"

@@ -186,11 +186,11 @@ def test_slow_first_token_within_its_deadline_passes_and_is_measured():
 
 
 def test_a_server_that_never_answers_fails_the_first_gate_in_its_timeout_and_asks_nothing_else():
-    t = time.monotonic()
+    # Ended by its own 0.5 s timeout (the why says so), not by the fake server giving up (no wall-clock
+    # assertion: under load the run may take longer, and the message is the proof).
     rep = run_fake(faults={"hang"}, prof=profile(timeout_s=0.5))
-    assert time.monotonic() - t < 5
     m = check(rep, "models")
-    assert m["verdict"] == "fail" and "no answer within" in m["why"] and "hung" in m["why"]
+    assert m["verdict"] == "fail" and "no answer within 0.5" in m["why"] and "hung" in m["why"], m["why"]
     assert {c["verdict"] for c in rep["checks"][1:]} == {"skipped"}
     assert all(c["why"].startswith("not asked: /v1/models failed") for c in rep["checks"][1:])
 

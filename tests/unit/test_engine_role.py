@@ -451,7 +451,8 @@ def test_pd_router_unit_is_hardened_and_lists_every_instance(tmp_path):
     )  # fmt: skip
     for line in ("Type=notify", "User=llmfleet", "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes",
                  "KillMode=mixed", "Restart=on-failure", "TimeoutStopSec=120", "TimeoutStartSec=3660",
-                 "ReadWritePaths=/var/lib/llmfleet/engine/pd", "After=network-online.target",
+                 "ReadWritePaths=/var/lib/llmfleet/engine/pd -/var/lib/node_exporter/textfile_collector",
+                 "After=network-online.target",
                  "Environment=CREDENTIALS_DIRECTORY=/run/llmfleet-pd-router"):  # fmt: skip
         assert re.search(rf"^{re.escape(line)}$", unit, re.M), line
     # Not ordered after the instance: its start job would wait for the instance's READY, the router

@@ -84,7 +84,7 @@ def test_timeout_fails_naming_the_last_progress(monkeypatch):
     [
         ({"what": "x", "progress_path": "/p.json"}, "missing required arguments: jid"),
         ({"jid": "j1", "what": "x", "timeout": "a day"}, "argument 'timeout' is of type str and we were unable to convert to int"),
-        ({"jid": "j1", "what": "x", "poll": 5}, "Unsupported parameters for (llmfleet_job_wait) module: poll"),
+        ({"jid": "j1", "what": "x", "retries": 5}, "Unsupported parameters for (llmfleet_job_wait) module: retries"),
         ({"jid": "j1", "what": "x", "progress": "percent"}, "value of progress must be one of: none, stage, gate"),
         ({"jid": "j1", "what": "x", "progress": "stage"}, "progress=stage reads a progress file: give progress_path"),
     ],
