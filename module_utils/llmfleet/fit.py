@@ -383,14 +383,15 @@ def estimate(
     SGLang --mem-fraction-static; max_model_len x max_seqs: the tokens the KV cache should hold.
     verdict: "fits" (the KV cache holds max_seqs requests of max_model_len tokens and the margin is covered),
     "tight" (it holds one full-length request but not max_seqs of them, or, SGLang, the memory outside the
-    fraction is below the margin), "does_not_fit" (not even one full-length request: vLLM refuses to start).
+    fraction is below the margin), "does_not_fit" (not even one full-length request without the margin: vLLM
+    refuses to start, "To serve at least one request with the model's max seq len ...", v1/core/kv_cache_utils.py).
     """
     if engine not in ENGINES:
         raise FitError(f"engine {engine!r}: not one of {', '.join(ENGINES)}")
     for flag, v in (("tp", tp), ("pp", pp), ("max_model_len", max_model_len), ("max_seqs", max_seqs)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise FitError(f"{flag}={v!r}: must be a positive integer")
-    if not 0 < mem_fraction <= 1:
+    if not isinstance(mem_fraction, (int, float)) or isinstance(mem_fraction, bool) or not 0 < mem_fraction <= 1:
         raise FitError(f"{FLAGS[engine]['fraction']} {mem_fraction!r}: must be in (0, 1]")
     if not isinstance(gpu_memory_bytes, int) or gpu_memory_bytes <= 0:
         raise FitError(f"gpu_memory_bytes={gpu_memory_bytes!r}: give one GPU's total memory in bytes")

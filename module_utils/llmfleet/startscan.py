@@ -52,7 +52,8 @@ RULES = (
         "sglang-moe-default-config",
         "sglang",
         re.compile(
-            r"Using default MoE kernel config\. Performance might be sub-optimal! Config file not found at (\S+?),"
+            r"Using default MoE kernel config\. Performance might be sub-optimal! Config file not found at (.+?), you "
+            r"can create them"
         ),
         "no tuned fused-MoE config for this GPU, expert shape, dtype and Triton version",
         _MOE_COST,
@@ -65,21 +66,21 @@ RULES = (
     Rule(
         "sglang-moe-other-triton-config",
         "sglang",
-        re.compile(r"Config file not found at (\S+)\. Fallback to triton version (\S+) and use MoE kernel config"),
+        re.compile(r"Config file not found at (.+?)\. Fallback to triton version (\S+) and use MoE kernel config"),
         "the fused-MoE config was tuned under another Triton version",
         "SGLang keys configs by Triton version because a Triton 3.1.0 config under 3.2.0 gave negative gains (its "
-        "comment in fused_moe_triton_config.py); the size of the loss here is not measured by this tool",
+        "comment in fused_moe_triton_config.py); this tool does not measure the loss here",
         "re-tune under the Triton version the engine runs (tuning_fused_moe_triton.py, as for a missing config)",
     ),
     # vllm/model_executor/layers/quantization/utils/fp8_utils.py (0.32.0) and sglang/kernels/ops/gemm/fp8_kernel.py
     # (0.5.23), same text: "Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal! Config
-    # file not found at %s"
+    # file not found at %s" (SGLang's file names hold a space: block_shape=[128, 128])
     Rule(
         "block-fp8-default-config",
         "any",
         re.compile(
             r"Using default W8A8 Block FP8 kernel config\. Performance might be sub-optimal! Config file not "
-            r"found at (\S+)"
+            r"found at (.+)$"
         ),
         "no tuned config for the Triton block-FP8 GEMM (used when DeepGEMM/CUTLASS paths are not taken)",
         "the dense FP8 GEMMs run with a generic tile config; slower, by an amount this tool does not measure",
@@ -106,7 +107,7 @@ RULES = (
         "vllm",
         re.compile(r"--block-size \d+ precluded higher-priority backend\(s\) (.+?)\. Using (\S+) instead"),
         "--block-size ruled out the preferred attention backend; a lower-priority one runs",
-        "vLLM's own words: 'may result in reduced performance'; not measured by this tool",
+        "vLLM's own words: 'may result in reduced performance'; this tool does not measure how much",
         "drop --block-size from engine_extra_args so vLLM picks the block size its best backend needs",
     ),
     # vllm/v1/attention/backends/fa_utils.py get_flash_attn_version (0.32.0): "Cannot use FA version 3 ...,
@@ -115,7 +116,7 @@ RULES = (
     Rule(
         "vllm-flash-attention-fallback",
         "vllm",
-        re.compile(r"(?:Cannot use FA version \d|kernel does not support .*?), defaulting to FA version"),
+        re.compile(r"(?:Cannot use FA version \d.*?|kernel does not support .*?), defaulting to FA version"),
         "FlashAttention fell back to an older kernel generation (FA3/FA4 not usable for this model or setting)",
         "an older attention kernel for this GPU generation; slower, by an amount this tool does not measure",
         "the line names the reason (ALiBi, batch invariance, a head size, Blackwell): change that setting if the "
@@ -129,7 +130,7 @@ RULES = (
         "vllm",
         re.compile(r"Your GPU does not have native support for FP8 computation"),
         "the GPU has no FP8 tensor cores: FP8 weights are dequantized in a weight-only Marlin kernel",
-        "vLLM's own words: 'may degrade performance for compute-heavy workloads'; not measured by this tool",
+        "vLLM's own words: 'may degrade performance for compute-heavy workloads'; this tool does not measure how much",
         "FP8 compute needs compute capability 8.9 or newer (Ada, Hopper: H20/H100/H200); on older GPUs serve a BF16 "
         "or INT4/INT8 checkpoint",
     ),
@@ -145,7 +146,7 @@ RULES = (
             r"platform lacks GPU P2P|due to an unsupported world size)"
         ),
         "vLLM's custom all-reduce is off: every TP all-reduce goes through NCCL",
-        "small (decode-size) all-reduces are slower through NCCL; by an amount this tool does not measure",
+        "small (decode-size) all-reduces are slower through NCCL, by an amount this tool does not measure",
         "P2P: check `nvidia-smi topo -p2p r` and that fabricmanager runs (NVSwitch systems); world size: expected "
         "for TP sizes vLLM's kernel does not support, nothing to fix",
     ),
@@ -158,7 +159,7 @@ RULES = (
         re.compile(r"(\S+) has no (?:vLLM|SGLang) implementation, falling back to Transformers implementation"),
         "the architecture has no native implementation in this engine version: the generic Transformers backend runs",
         "no fused MoE/attention kernels of the engine; the engines say 'performance may not be optimal' and some "
-        "features may be missing; not measured by this tool",
+        "features may be missing; this tool does not measure how much",
         "an engine version that lists the architecture (llmfleet.archcheck says which captured versions do)",
     ),
     # sglang/srt/layers/deep_gemm_wrapper/compile_utils.py (0.5.23): "Entering DeepGEMM JIT Pre-Compile session. It

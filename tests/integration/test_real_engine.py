@@ -90,10 +90,10 @@ def test_real_vllm_reaches_ready_and_answers_703(real):
     assert f"VLLM_CACHE_ROOT={home}/vllm" in env
 
 
-def test_acceptance_and_serving_benchmark_against_the_real_engine(real, tmp_path):
-    """After the gate: the acceptance role (llmfleet accept, with the det model's profile) and the bench
-    role (the real `vllm bench serve` of the CPU build, two concurrencies, 2 rounds) against the endpoint the
-    engine role published (the bench role's molecule scenario runs it across two nodes)."""
+def test_acceptance_against_the_real_engine(real, tmp_path):
+    """After the gate: the acceptance role (llmfleet accept, with the det model's profile) against the
+    endpoint the engine role published. (The bench role's molecule scenario runs the real `vllm bench serve`
+    against the real engine across two nodes.)"""
     cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path)))
     assert cp.returncode == 0, cp.stdout[-4000:]
     published = json.loads((tmp_path / "endpoint-real.json").read_text())
@@ -112,15 +112,6 @@ def test_acceptance_and_serving_benchmark_against_the_real_engine(real, tmp_path
         ("models", "answer", "stream", "reasoning", "tools"), "pass"
     ), verdicts
     assert verdicts["multi_turn"] == "fail", verdicts
-    matrix = {"input_len": [32], "output_len": [8], "concurrency": [1, 2]}
-    cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path), bench_matrix=matrix, bench_rounds=2, bench_run_timeout=300),
-                playbook="playbooks/bench.yml", timeout=1200)  # fmt: skip
-    assert cp.returncode == 0, cp.stdout[-4000:]
-    results = json.loads((tmp_path / "bench-real/results.json").read_text())
-    assert results["ok"] and len(results["cases"]) == 2, results
-    assert all(c["status"] == "OK" for c in results["cases"]), results["cases"]
-    assert (tmp_path / "bench-real/report.md").read_text().count("<svg") == 1
-    assert list((tmp_path / "bench-real/raw").iterdir()), "the tool's raw outputs were not kept"
 
 
 def test_real_worker_sigkill_is_a_failure_and_systemd_restarts_it(real):

@@ -199,7 +199,7 @@ def test_a_directory_in_the_way_is_refused(tmp_path):
 
 @pytest.fixture
 def stage_report():
-    return load(ROOT / "reports" / "stage-demo-model.json")  # a lab run: node1 read shared storage, node2 peers
+    return load(FIX / "metrics" / "stage-demo-model.json")  # a lab run: node1 read shared storage, node2 peers
 
 
 def test_stage_seed_and_peer_nodes(stage_report):
@@ -439,7 +439,7 @@ def test_verdicts_are_those_of_the_wrapper_doc():
 
 @pytest.mark.parametrize(
     "path",
-    [ROOT / "reports" / "acceptance-demo.json", *sorted((FIX / "accept").glob("*.accept.json"))],
+    [FIX / "metrics" / "acceptance-demo.json", *sorted((FIX / "accept").glob("*.accept.json"))],
     ids=lambda p: p.name,
 )
 def test_real_acceptance_reports(path):
@@ -456,7 +456,7 @@ def test_real_acceptance_reports(path):
 
 
 def test_acceptance_timestamp_and_bad_record():
-    rep = load(ROOT / "reports" / "acceptance-demo.json")  # started_at 2026-12-01T01:09:49Z
+    rep = load(FIX / "metrics" / "acceptance-demo.json")  # started_at 2026-12-01T01:09:49Z
     assert value(parse(metrics.build("acceptance", rep)), "llmfleet_acceptance_timestamp_seconds") == 1796087389
     with pytest.raises(ValueError, match="not an acceptance report"):
         metrics.build("acceptance", {"checks": "x"})

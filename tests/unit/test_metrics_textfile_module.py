@@ -17,7 +17,7 @@ from tests.unit.modules.util import fail, run, undocumented
 pytestmark = pytest.mark.usefixtures("module_exits")
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGE = json.loads((ROOT / "reports" / "stage-demo-model.json").read_text())["nodes"]
+STAGE = json.loads((ROOT / "tests" / "fixtures" / "metrics" / "stage-demo-model.json").read_text())["nodes"]
 NAME = "llmfleet_stage_demo-model.prom"
 
 
