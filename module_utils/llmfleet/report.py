@@ -525,13 +525,17 @@ def _swap_latest(base: Path, target: str) -> None:
 
 
 def summary_lines(model: dict[str, Any], width: int = 118) -> list[str]:
-    """A few lines for the terminal: the verdict, then pass/fail per step."""
-    out = [f"deployment {model['deployment']}: {model['verdict']}"[:width]]
+    """A few lines for the terminal: the verdict, then pass/fail per step (a cut line ends in '...')."""
+
+    def fit(line: str) -> str:
+        return line if len(line) <= width else line[: width - 3].rstrip() + "..."
+
+    out = [fit(f"deployment {model['deployment']}: {model['verdict']}")]
     for st in model["steps"]:
         status = {"not-run": "not run"}.get(st["status"], st["status"]).upper()
         text = st["reason"] if st["status"] == "not-run" else st["summary"]
         if st["status"] == "not-run":
             text = "not run in this report" + (f" ({text})" if text else "")
-        out.append(f"  {st['name']:<18} {status:<8} {text}"[:width])
-    out += [f"  record problem: {p['file']} {p['error']}"[:width] for p in model["problems"]]
+        out.append(fit(f"  {st['name']:<18} {status:<8} {text}"))
+    out += [fit(f"  record problem: {p['file']} {p['error']}") for p in model["problems"]]
     return out

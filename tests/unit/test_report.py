@@ -568,3 +568,11 @@ def test_a_bare_nccl_verdict_gives_the_full_worlds_busbw_and_no_floor(tmp_path):
     ]  # fmt: skip
     html, md = report.render(m)
     assert "41.2 GB/s (full world)" in html and "41.2 GB/s (full world)" in md and "no floor at this size" in md
+
+
+def test_a_summary_line_cut_to_the_terminal_says_so(tmp_path):
+    m = report.collect(records(tmp_path, "h20-engine-failed"), "qwen", now=NOW)
+    lines = report.summary_lines(m, width=60)
+    assert all(len(x) <= 60 for x in lines)
+    cut = [x for x in lines if x.endswith("...")]
+    assert cut and all(len(x) > 50 for x in cut), lines
