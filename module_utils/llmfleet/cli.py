@@ -17,6 +17,7 @@ from collections.abc import Callable
 from . import (
     __version__,
     accept,
+    fit_cli,
     oncall_bundle,
     oncall_logs,
     oncall_rdma,
@@ -297,6 +298,8 @@ PLUGGED = (
     ("stop", oncall_stop, "stop a deployment in order (router, head, workers), bounded; says what it had to kill"),
     ("restart", oncall_restart, "stop in order, start in rank order, wait until every unit is READY"),
     ("rdma-proof", oncall_rdma, "HCA port byte counters on all nodes around CMD (or a sleep); silent rails called out"),
+    ("fit", fit_cli.fit_command, "will it fit: GPU memory per rank, and does the engine know the model"),
+    ("startscan", fit_cli.scan_command, "a start-up log's fell-back lines (untuned MoE, attention backend) and memory"),
     ("report", report_cli, "the deployment report: HTML page + markdown from this run's records, pass/fail per step"),
 )
 
