@@ -31,12 +31,66 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-version", help="its version, for the architecture check (default: the newest captured)")
     p.add_argument("--tp", type=int, required=True, help="tensor parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline parallel size (default 1)")
-    p.add_argument("--max-model-len", type=int, required=True, help="context length the KV cache must hold")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        help="context length the KV cache must hold (default: --argv-json, else max_position_embeddings)",
+    )
     p.add_argument("--max-seqs", type=int, default=1, help="full-length requests it must hold at once (default 1)")
     p.add_argument("--mem-fraction", type=float, help="vLLM --gpu-memory-utilization / SGLang --mem-fraction-static")
     p.add_argument("--gpu-memory-gib", type=float, help="one GPU's memory (default: nvidia-smi's memory.total)")
     p.add_argument("--kv-cache-dtype", default="auto", help="the engine's --kv-cache-dtype (default auto)")
+    p.add_argument(
+        "--argv-json",
+        help="the engine's planned command line as a JSON list: the context length, "
+        "concurrency, memory fraction and KV cache dtype the engine will use are read from it",
+    )
     p.add_argument("--json", action="store_true", help="print the architecture check and every term as JSON")
+
+
+# The engine flags that size the KV cache, per engine: (max_model_len, max_seqs, mem_fraction, kv_cache_dtype).
+ARGV_FLAGS = {
+    "vllm": ("--max-model-len", "--max-num-seqs", "--gpu-memory-utilization", "--kv-cache-dtype"),
+    "sglang": ("--context-length", "--max-running-requests", "--mem-fraction-static", "--kv-cache-dtype"),
+}
+
+
+def flags_from_argv(argv: list[str], engine: str) -> dict[str, str]:
+    """The sizing flags' values in an engine command line (`--flag value` or `--flag=value`; vLLM also takes
+    underscores), keyed max_model_len / max_seqs / mem_fraction / kv_cache_dtype."""
+    keys = ("max_model_len", "max_seqs", "mem_fraction", "kv_cache_dtype")
+    want = dict(zip(ARGV_FLAGS[engine], keys))
+    out: dict[str, str] = {}
+    for i, a in enumerate(argv):
+        flag, eq, val = a.partition("=")
+        flag = "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+        if flag in want:
+            if not eq and i + 1 < len(argv):
+                val = argv[i + 1]
+            out[want[flag]] = val
+    return out
+
+
+def _apply_argv(args: argparse.Namespace, config: dict) -> None:
+    """Fill what the command line did not give from the engine's argv, then from config.json."""
+    if args.argv_json:
+        try:
+            argv = json.loads(args.argv_json)
+            if not isinstance(argv, list):
+                raise ValueError("not a list")
+            got = flags_from_argv([str(a) for a in argv], args.engine)
+            args.max_model_len = args.max_model_len or (int(got["max_model_len"]) if "max_model_len" in got else None)
+            args.max_seqs = args.max_seqs if args.max_seqs != 1 or "max_seqs" not in got else int(got["max_seqs"])
+            args.mem_fraction = args.mem_fraction or (float(got["mem_fraction"]) if "mem_fraction" in got else None)
+            if args.kv_cache_dtype == "auto" and "kv_cache_dtype" in got:
+                args.kv_cache_dtype = got["kv_cache_dtype"]
+        except ValueError as e:
+            raise fit.FitError(f"--argv-json: {e}: give the engine's command line as a JSON list of strings") from None
+    if not args.max_model_len:
+        ctx = fit.text_config(config).get("max_position_embeddings")
+        if not isinstance(ctx, int) or ctx < 1:
+            raise fit.FitError("no context length: give --max-model-len (config.json has no max_position_embeddings)")
+        args.max_model_len = ctx
 
 
 def _gpu_memory(args: argparse.Namespace) -> int | None:
@@ -53,7 +107,9 @@ def _gpu_memory(args: argparse.Namespace) -> int | None:
 def run_fit(args: argparse.Namespace) -> int:
     version = args.engine_version or archcheck.captured(args.engine)[-1]
     try:
-        known, arch_msg = archcheck.check_config(fit.read_config(args.model_dir), args.engine, version)
+        config = fit.read_config(args.model_dir)
+        _apply_argv(args, config)
+        known, arch_msg = archcheck.check_config(config, args.engine, version)
         mem = _gpu_memory(args)
         est = None
         if mem is not None:
@@ -85,7 +141,7 @@ def run_fit(args: argparse.Namespace) -> int:
 def add_scan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=sorted(fit.ENGINES), help="only this engine's rules (default: every rule)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--unit", help="read this systemd unit's journal (journalctl -u UNIT -o cat)")
+    src.add_argument("--unit", help="read this systemd unit's journal of its current start")
     src.add_argument("file", nargs="?", metavar="FILE", help="a start-up log ('-': standard input)")
     p.add_argument("--json", action="store_true", help="print the findings and the memory breakdown as JSON")
 
@@ -93,7 +149,11 @@ def add_scan_arguments(p: argparse.ArgumentParser) -> None:
 def run_scan(args: argparse.Namespace) -> int:
     try:
         if args.unit:
-            cp = subprocess.run(["journalctl", "-u", args.unit, "-o", "cat", "--no-pager"],
+            # This start's lines only (the unit's current invocation), not every start the journal kept.
+            inv = subprocess.run(["systemctl", "show", "-p", "InvocationID", "--value", args.unit],
+                                 capture_output=True, text=True, timeout=30, check=False).stdout.strip()  # fmt: skip
+            match = [f"_SYSTEMD_INVOCATION_ID={inv}"] if inv else ["-u", args.unit]
+            cp = subprocess.run(["journalctl", *match, "-o", "cat", "--no-pager"],
                                 capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
             if cp.returncode != 0:
                 print(f"llmfleet startscan: journalctl -u {args.unit}: {cp.stderr.strip()}", file=sys.stderr)

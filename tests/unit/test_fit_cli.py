@@ -80,3 +80,35 @@ def test_startscan_reads_a_real_vllm_cpu_log(capsys):
 def test_startscan_of_a_missing_file_is_exit_2(capsys):
     assert cli.main(["startscan", "/nonexistent-dir-x/engine.log"]) == 2
     assert capsys.readouterr().err.startswith("llmfleet startscan: ")
+
+
+@pytest.mark.parametrize(
+    ("engine", "argv", "want"),
+    [
+        ("vllm", ["vllm", "serve", "/m", "--max-model-len", "32768", "--max_num_seqs=64", "--gpu-memory-utilization",
+                  "0.85", "--kv-cache-dtype", "fp8"],
+         {"max_model_len": "32768", "max_seqs": "64", "mem_fraction": "0.85", "kv_cache_dtype": "fp8"}),
+        ("sglang", ["python", "-m", "sglang.launch_server", "--context-length", "8192", "--mem-fraction-static=0.8",
+                    "--max-running-requests", "32"],
+         {"max_model_len": "8192", "mem_fraction": "0.8", "max_seqs": "32"}),
+        ("vllm", ["vllm", "serve", "/m", "--context-length", "8192"], {}),  # SGLang's flag means nothing to vLLM
+    ],
+)  # fmt: skip
+def test_the_sizing_flags_come_from_the_engines_own_command_line(engine, argv, want):
+    from llmfleet import fit_cli
+
+    assert fit_cli.flags_from_argv(argv, engine) == want
+
+
+def test_the_planned_argv_sizes_the_estimate(glm_dir, capsys):
+    argv = ["vllm", "serve", str(glm_dir), "--max-model-len", "4096", "--max-num-seqs", "2"]
+    rc = cli.main(["fit", str(glm_dir), "--engine", "vllm", "--tp", "8", "--pp", "4", "--gpu-memory-gib", "96",
+                   "--argv-json", json.dumps(argv), "--json"])  # fmt: skip
+    est = json.loads(capsys.readouterr().out)["estimate"]
+    assert rc == 0 and est["verdict"] == "fits", est["message"]
+    assert "4,096 tokens x 2 seqs" in est["message"], est["message"]
+
+
+def test_a_bad_argv_json_is_exit_2(glm_dir, capsys):
+    rc = cli.main(["fit", str(glm_dir), "--engine", "vllm", "--tp", "8", "--argv-json", "{not json"])
+    assert rc == 2 and "--argv-json" in capsys.readouterr().err
