@@ -104,4 +104,6 @@ class ActionModule(ActionBase):
                     f"{host}: {args['what']} still running after {args['timeout']} s (last progress: {seen}); the job "
                     f"goes on on the node (async job {args['jid']}, until its async limit).{hint}"
                 )
-            time.sleep(min(args["poll"], args["interval"]))
+            # Quick jobs are common (a gate against units already serving, a world of one node): poll
+            # every half second for the first few seconds, then every `poll`.
+            time.sleep(min(args["poll"], args["interval"], 0.5 if now - start < 5 else args["poll"]))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import run_ansible, ssh
+from tests.integration.conftest import ROOT, run_ansible, ssh
 
 NODES = ["node1", "node2"]
 LIMIT = ["--limit", ",".join(NODES)]
@@ -163,6 +163,12 @@ def test_a_crashing_rank_stops_everything_and_is_named(prepared, profile, spec, 
     tail = out[out.index("journal tail of the first failed node:") :].splitlines()[1:16]
     assert sum(f" {node} " in ln for ln in tail) >= 3, tail  # short-iso lines carry the hostname
     assert_all_stopped(lab)
+    # The failed run left its record for the deployment report, the first failure up front, and the report
+    # command puts it at the top of the page.
+    rec = json.loads((ROOT / "reports/engine-demo.json").read_text())
+    assert rec["ok"] is False and rec["failure"]["node"] == node and rec["failure"]["log_tail"], rec["failure"]
+    cp = run_ansible(str(ROOT / ".venv/bin/llmfleet"), "report", "--dir", str(ROOT / "reports"), "--deployment", "demo")
+    assert cp.stdout.splitlines()[1].startswith(f"deployment demo: FAIL at engine on {node}"), cp.stdout
     print(f"{profile} {spec}: failed play in {took:.0f}s")
 
 

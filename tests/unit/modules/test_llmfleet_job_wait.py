@@ -58,7 +58,7 @@ def test_options_become_the_node_calls_and_the_result_is_the_jobs(monkeypatch):
     assert calls == [
         ("ansible.legacy.async_status", status),
         ("ansible.legacy.slurp", {"src": "/var/lib/llmfleet/p.json"}),
-        ("sleep", 2.0),
+        ("sleep", 0.5),  # the first seconds: every half second
         ("ansible.legacy.async_status", status),
         ("ansible.legacy.async_status", {**status, "mode": "cleanup"}),
     ]
@@ -119,3 +119,11 @@ def test_gate_progress_becomes_one_line_per_poll(monkeypatch):
     assert lines == [
         "engine gate 42/3600 s: node1 active (serving), node2 activating (loading); API: connection refused"
     ]
+
+
+def test_polls_fast_for_the_first_seconds_then_every_poll(monkeypatch):
+    ticks = iter([0.0, 1.0, 6.0, 9.0])
+    am, calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x", "interval": 30, "poll": 2},
+                               [{"finished": 0}, {"finished": 0}, {"finished": 1}], clock=lambda: next(ticks))  # fmt: skip
+    am.run(task_vars={"inventory_hostname": "node1"})
+    assert [c[1] for c in calls if c[0] == "sleep"] == [0.5, 2]
