@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 from . import archcheck, fit, startscan
 
@@ -178,15 +179,6 @@ def run_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Fit:
-    add_arguments = staticmethod(add_fit_arguments)
-    run = staticmethod(run_fit)
-
-
-class _Scan:
-    add_arguments = staticmethod(add_scan_arguments)
-    run = staticmethod(run_scan)
-
-
-fit_command = _Fit()
-scan_command = _Scan()
+# The two commands in the shape cli.PLUGGED takes (add_arguments, run).
+fit_command = SimpleNamespace(add_arguments=add_fit_arguments, run=run_fit)
+scan_command = SimpleNamespace(add_arguments=add_scan_arguments, run=run_scan)

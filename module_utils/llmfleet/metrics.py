@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import nccl_verdict
+
 NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 # A plain file name in the collector's directory; the collector reads only *.prom.
@@ -445,11 +447,9 @@ def stage_families(
 
 
 def floor_for(gpu_model: str | None, floors: dict[str, Any] | None) -> float | None:
-    """The busbw floor (GB/s) of a GPU model: the same rule as nccl_verdict.slow_nodes (longest name first,
-    so "H200" is not judged by the "H20" floor)."""
-    names = sorted((n for n in (floors or {}) if n), key=len, reverse=True)
-    hit = next((n for n in names if n.lower() in (gpu_model or "").lower()), None)
-    return None if hit is None else float(floors[hit])
+    """The busbw floor (GB/s) of a GPU model, by the check's own rule (nccl_verdict.floor_for)."""
+    floor = nccl_verdict.floor_for(gpu_model, floors)
+    return None if floor is None else float(floor)
 
 
 def _busbw(ranks: list[dict[str, Any]], phase: str, ref_bytes: int | None, fams: dict[str, Family]) -> None:

@@ -138,6 +138,15 @@ def judge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
             "wrong_ranks": wrong_ranks, "wrong_by_rank": wrong_by_rank, **att, "verdict": line}  # fmt: skip
 
 
+def floor_for(model: str | None, floors: Mapping | None) -> Any:
+    """The busbw floor (GB/s, as configured) of a GPU model, or None: the floor whose name is in the model's name,
+    longest name first, so "H200" is not judged by the "H20" floor. The one rule of the check, the report and
+    the metrics."""
+    names = sorted((n for n in (floors or {}) if n), key=len, reverse=True)
+    hit = next((n for n in names if n.lower() in (model or "").lower()), None)
+    return None if hit is None else floors[hit]
+
+
 def slow_nodes(single: dict[str, list[dict[str, Any]]], floors: dict[str, float], models: dict[str, str | None],
                ref_bytes: int) -> dict[str, str]:  # fmt: skip
     """Nodes whose single-node all_reduce busbw at the reference size is below the floor for their
@@ -145,9 +154,7 @@ def slow_nodes(single: dict[str, list[dict[str, Any]]], floors: dict[str, float]
     out = {}
     for node, ranks in single.items():
         model = models.get(node) or ""
-        # longest name first: "H200" must not be judged by the "H20" floor
-        names = sorted((n for n in floors if n), key=len, reverse=True)
-        floor = next((floors[n] for n in names if n.lower() in model.lower()), None)
+        floor = floor_for(model, floors)
         if floor is None or not ranks:
             continue
         got = [x["busbw_GBps"] for x in ranks[0].get("results", []) if x.get("op") == "all_reduce"

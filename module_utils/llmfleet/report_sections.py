@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .nccl_verdict import floor_for
+
 GiB = 2**30
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
@@ -332,11 +334,8 @@ def staging(data: dict) -> dict[str, Any]:
 
 
 def _floor_for(model: str | None, floors: Mapping) -> float | None:
-    # longest name first: "H200" must not be judged by the "H20" floor (nccl_verdict.slow_nodes' rule)
-    for name in sorted((n for n in floors if n), key=len, reverse=True):
-        if model and name.lower() in model.lower():
-            return _num(floors[name])
-    return None
+    # The check's own rule (longest name first: "H200" is not judged by the "H20" floor).
+    return _num(floor_for(model, floors)) if model else None
 
 
 def _busbw(ranks: list, ref: int | None) -> tuple[float | None, int | None]:
