@@ -194,8 +194,14 @@ def default_sources() -> list[str]:
     return list(C.DEFAULT_HOST_LIST or [])
 
 
-def load_fleet(sources: list[str] | None, deployment: str | None = None, extra_vars: Mapping | None = None) -> Fleet:
-    """The fleet of an inventory. Raises InventoryError (bad input) with what to fix."""
+def load_fleet(
+    sources: list[str] | None,
+    deployment: str | None = None,
+    extra_vars: Mapping | None = None,
+    limit: str | None = None,
+) -> Fleet:
+    """The fleet of an inventory, narrowed to `limit` (a host pattern, as ansible-playbook's --limit) when given.
+    Raises InventoryError (bad input) with what to fix."""
     from ansible import constants as C
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
@@ -233,6 +239,8 @@ def load_fleet(sources: list[str] | None, deployment: str | None = None, extra_v
     heads_in = [h for h in heads if h in hosts]
     if not hosts:
         raise InventoryError(f"inventory {where}: group {node_group!r} has no hosts")
+    if limit:
+        hosts = _limited(inv, limit, hosts, heads_in, node_group, head_group, where)
     if len(heads_in) != 1:
         raise InventoryError(
             f"inventory {where}: group {head_group!r} (llmfleet_head_group) must hold exactly one host of "
@@ -252,6 +260,21 @@ def load_fleet(sources: list[str] | None, deployment: str | None = None, extra_v
     if not DEPLOYMENT_RE.match(dep):
         raise InventoryError(f"inventory {where}: llmfleet_deployment {dep!r} is not a valid deployment name")
     return Fleet(sources, dep, node_group, head_group, nodes)
+
+
+def _limited(inv: Any, limit: str, hosts: list, heads_in: list, node_group: str, head_group: str, where: str) -> list:  # noqa: PLR0917
+    """The node group's hosts a host pattern keeps (ansible-playbook's --limit). The head decides node ranks, so
+    it must stay in: a limit that drops it names another fleet."""
+    inv.subset(limit)
+    kept = {h.name for h in inv.get_hosts(pattern=node_group)}
+    if not kept:
+        raise InventoryError(f"--limit {limit!r} matches no host of {node_group!r} in {where}")
+    if heads_in and heads_in[0] not in kept:
+        raise InventoryError(
+            f"--limit {limit!r} leaves out the head {heads_in[0]} ({head_group}): the on-call commands act on "
+            "a whole deployment; include the head"
+        )
+    return [h for h in hosts if h in kept]
 
 
 def _node(v: _Vars, name: str, rank: int, head: bool, deployment: str, hk_default: bool) -> Node:  # noqa: PLR0917

@@ -145,6 +145,12 @@ def add_fleet_arguments(p: argparse.ArgumentParser, deployment: bool = True, tim
     p.add_argument(
         "-e", "--extra-vars", action="append", metavar="KEY=VALUE", help="override an inventory variable, as -e does"
     )
+    p.add_argument(
+        "-l",
+        "--limit",
+        metavar="PATTERN",
+        help="only these nodes (an Ansible host pattern, as ansible-playbook --limit; the head must be in it)",
+    )
     if deployment:
         p.add_argument("deployment", nargs="?", help="deployment name (default: the inventory's llmfleet_deployment)")
     if timeout is not None:
@@ -167,7 +173,7 @@ def positive_float(text: str) -> float:
 def fleet_of(args: argparse.Namespace) -> Fleet:
     """The fleet the arguments name; InventoryError (exit 2) when they do not name one."""
     extra = parse_extra_vars(getattr(args, "extra_vars", None))
-    return load_fleet(args.inventory, getattr(args, "deployment", None), extra)
+    return load_fleet(args.inventory, getattr(args, "deployment", None), extra, getattr(args, "limit", None))
 
 
 def guarded(cmd: str, body: Callable[[], int]) -> int:

@@ -255,12 +255,26 @@ def test_oncall_commands_find_the_first_failure_and_stop_leaves_nothing(prepared
     assert why.returncode == 1, why.stdout + why.stderr
     report = json.loads(why.stdout)
     assert report["first_failure"]["node"] == "node1", json.dumps(report["first_failure"])[:2000]
+    # The same through ansible-playbook (the lab's own inventory, limited to the deployment's nodes).
+    pb_status = run_ansible("ansible-playbook", "playbooks/status.yml", *LIMIT, check=False)
+    assert pb_status.returncode == 0 and "healthy" in pb_status.stdout, pb_status.stdout[-3000:]
+    pb_bundle = run_ansible("ansible-playbook", "playbooks/bundle.yml", *LIMIT, "-e", f"bundle_dir={tmp_path / 'pb'}",
+                            "-e", f"bundle_since=@{int(crashed['started_at']) - 1}", check=False)  # fmt: skip
+    assert pb_bundle.returncode == 0, pb_bundle.stdout[-3000:]
+    assert re.search(r"node1", pb_bundle.stdout.split("Show the verdict", 1)[1]), pb_bundle.stdout[-3000:]
+    assert (tmp_path / "pb" / "node1" / "kernel.txt").is_file()
     stop = oncall(lab, tmp_path, "stop")
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert_all_stopped(lab)
+    # An unhealthy deployment fails the status playbook, naming the problem.
+    pb_down = run_ansible("ansible-playbook", "playbooks/status.yml", *LIMIT, check=False)
+    assert pb_down.returncode == 2 and "UNHEALTHY" in pb_down.stdout, pb_down.stdout[-3000:]
     restart = oncall(lab, tmp_path, "restart")
     assert restart.returncode == 0, restart.stdout + restart.stderr
     assert ask(port=8000) == "703"  # the deployment above is the vllm profile
+    pb_restart = engine("-e", "engine_profile=vllm", playbook="playbooks/restart.yml")
+    assert pb_restart.returncode == 0, pb_restart.stdout[-4000:]
+    assert ask(port=8000) == "703"
 
 
 def test_the_root_login_still_works(prepared):

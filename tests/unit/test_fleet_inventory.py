@@ -224,3 +224,16 @@ def test_unsupported_connection(tmp_path):
     inv = _inventory(tmp_path, {"head": ["h"]}, {"ansible_connection": "winrm"})
     with pytest.raises(InventoryError, match="ansible_connection 'winrm' is not supported"):
         load_fleet([str(inv)])
+
+
+def test_limit_narrows_the_fleet_like_ansible_playbook(tmp_path):
+    """--limit: a deployment on part of an inventory (the lab runs one on node1-2 of 3). Ranks follow the kept
+    nodes; a limit without the head, or matching nothing, is refused with what to do."""
+    inv, _ = lab_inventory(tmp_path)
+    fleet = load_fleet([str(inv)], limit="node1,node2")
+    assert [(n.name, n.rank) for n in fleet.nodes] == [("node1", 0), ("node2", 1)]
+    assert [n.name for n in load_fleet([str(inv)], limit="all:!node2").nodes] == ["node1", "node3"]
+    with pytest.raises(InventoryError, match=r"leaves out the head node1 .*include the head"):
+        load_fleet([str(inv)], limit="node2,node3")
+    with pytest.raises(InventoryError, match=r"--limit 'nodeX' matches no host of 'llmfleet_nodes'"):
+        load_fleet([str(inv)], limit="nodeX")

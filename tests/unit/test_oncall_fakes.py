@@ -179,7 +179,7 @@ class Fakes:
         unit = unit or self.unit
         path = self.root / n / "units" / f"{unit}.json"
         d = json.loads(path.read_text()) if path.exists() else {
-            "ActiveState": "active", "SubState": "running", "ActiveEnterEpoch": time.time() - 3600,
+            "ActiveState": "active", "SubState": "running", "ActiveEnterEpoch": time.time() - UNIT_AGE_S,
             "ControlGroup": f"/system.slice/{unit}", "MainPID": 4242,
             "argv": ["/usr/local/bin/llmfleet", "exec", "--record", str(self.state_dir(n) / "termination.json"),
                      "--status", str(self.state_dir(n) / "status.json"), "--", "/opt/sglang", "serve",
@@ -264,6 +264,9 @@ def _ed25519_pub() -> str:
 
 
 ROOT = Path(__file__).resolve().parents[2]
+# How long ago the fake healthy unit became active: an hour, but never before this machine booted (systemd's
+# timestamps are CLOCK_MONOTONIC; a fresh CI machine may be up for minutes only).
+UNIT_AGE_S = min(3600.0, time.monotonic() / 2)
 ED25519_PUB = _ed25519_pub()
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from test_oncall_fakes import Fakes, closed_port, listening_port, three_nodes
+from test_oncall_fakes import UNIT_AGE_S, Fakes, closed_port, listening_port, three_nodes
 
 from llmfleet import oncall, oncall_status
 from llmfleet.fleet_inventory import Node, Ssh
@@ -67,7 +67,7 @@ def test_json(fakes, capsys):
     (u,) = n1["units"]
     assert (u["unit"], u["active_state"], u["port"], u["port_open"], u["phase"]) == (
         "llmfleet-demo.service", "active", port, True, "serving")  # fmt: skip
-    assert u["since"] == pytest.approx(time.time() - 3600, abs=5)
+    assert u["since"] == pytest.approx(time.time() - UNIT_AGE_S, abs=5)
     assert doc["nodes"][1]["units"][0]["port"] is None  # workers serve no API
 
 
