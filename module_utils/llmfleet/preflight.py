@@ -80,6 +80,33 @@ def clock_offset_s(chrony: str | None, timesync: str | None) -> float | None:
     return None
 
 
+def libcuda_state(ldconfig_text: str | None, exists: Any = os.path.exists) -> dict[str, Any] | None:
+    """Where the dynamic linker's cache (`ldconfig -p`) has the CUDA driver library, and whether each of those
+    directories also has the unversioned `libcuda.so`: Triton (vLLM/SGLang kernels, CUDA graphs through
+    torch.compile) links its launchers with `-L<those dirs> -lcuda`, which needs it; the driver packages
+    install only `libcuda.so.1`. A `.../stubs/libcuda.so` in the cache is the toolkit's link-time stub, which
+    makes every CUDA call fail at run time. None when ldconfig could not be read."""
+    if ldconfig_text is None:
+        return None
+    libs = []
+    for line in ldconfig_text.splitlines():
+        # "\tlibcuda.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libcuda.so.1"
+        m = re.match(r"\s*(libcuda\.so(?:\.\d+)*)\s+\(([^)]*)\)\s+=>\s+(\S+)", line)
+        if m and ("x86-64" in m.group(2) or "AArch64" in m.group(2)):  # not the 32-bit (libc6) entries
+            libs.append((m.group(1), m.group(3)))
+    dirs = sorted({os.path.dirname(p) for n, p in libs if n != "libcuda.so" and "/stubs/" not in p})
+    return {
+        "dirs": dirs,
+        "missing_unversioned": [d for d in dirs if not exists(os.path.join(d, "libcuda.so"))],
+        "stubs": sorted(p for _, p in libs if "/stubs/" in p),
+    }
+
+
+def _ldconfig_cache() -> str | None:
+    rc, out = _run([shutil.which("ldconfig") or "/sbin/ldconfig", "-p"])
+    return out if rc == 0 else None
+
+
 def measure(
     *,
     sys_root: str = "/sys",
@@ -109,8 +136,8 @@ def measure(
     m["nvswitch"] = nvswitch_count(sys_root) > 0
     rc, out = _run(["systemctl", "is-active", "nvidia-fabricmanager"])
     m["fabricmanager_active"] = out.strip() == "active"
-    modules = _read("/proc/modules") or ""
-    m["peermem_loaded"] = bool(re.search(r"^(nvidia_peermem|nv_peer_mem) ", modules, re.M))
+    m["peermem_loaded"] = bool(re.search(r"^(nvidia_peermem|nv_peer_mem) ", _read("/proc/modules") or "", re.M))
+    m["libcuda"] = libcuda_state(_ldconfig_cache())
     hcas = hcas_from_sysfs(sys_root)
     ports = [p for h in hcas for p in h["ports"].values() if p["state"] == "ACTIVE"]
     m["hca_active_ports"] = len(ports)
@@ -196,7 +223,32 @@ FIX = {
     "nvidia_peermem": "GPUDirect RDMA expected: modprobe nvidia_peermem",
     "memlock_units": "DefaultLimitMEMLOCK is limited: units need LimitMEMLOCK=infinity (the engine role sets it)",
     "nvme_free": "free space on the NVMe staging root for the model revision + margin",
+    "libcuda": "Triton/CUDA-graph kernels link with -lcuda and fail at the first new shape without it",
 }
+
+
+def _libcuda_row(n: str, m: dict[str, Any]) -> list[dict[str, Any]]:
+    """Judged where the node has GPUs (or the cache has the driver library): no driver library, a missing
+    unversioned link, or a stub in the linker cache fail."""
+    lc = m.get("libcuda")
+    if lc is None or not (m.get("gpu_count") or lc["dirs"]):
+        return []
+    if lc["stubs"]:
+        fix = (
+            f"{', '.join(lc['stubs'])} is in the linker cache: remove the CUDA stubs directory from "
+            "/etc/ld.so.conf.d and run ldconfig"
+        )
+    elif not lc["dirs"]:
+        fix = (
+            "libcuda.so.1 is not in the linker cache (ldconfig -p): install the NVIDIA driver's user-space "
+            "libraries and run ldconfig"
+        )
+    elif lc["missing_unversioned"]:
+        d = lc["missing_unversioned"][0]
+        fix = f"no unversioned libcuda.so in {d}: ln -s libcuda.so.1 {d}/libcuda.so && ldconfig"
+    else:
+        return [_row("libcuda", n, lc["dirs"], PASS)]
+    return [_row("libcuda", n, lc, FAIL, f"{fix} ({FIX['libcuda']})")]
 
 
 def _node_checks(n: str, m: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]:
@@ -223,6 +275,7 @@ def _node_checks(n: str, m: dict[str, Any], cfg: dict[str, Any]) -> list[dict[st
         if applies:
             msg = "" if ok else FIX[check] + (f" (needs {need} bytes)" if check == "nvme_free" else "")
             rows.append(_row(check, n, value, PASS if ok else (WARN if warn_only else FAIL), msg))
+    rows += _libcuda_row(n, m)
     off, lim = m.get("clock_offset_s"), cfg.get("max_clock_offset_s", 0.1)
     if off is None:
         rows.append(_row("clock_sync", n, None, WARN, "no chrony/timesyncd offset available"))

@@ -191,8 +191,7 @@ def test_restart_on_failure_brings_the_deployment_back(prepared):
     spec = "crash:rank=1:phase=serve:after=12:once"
     ssh(lab, "node1", "rm -rf /var/lib/llmfleet/engine/demo/sim")
     cp = engine("-e", "engine_profile=vllm", *fault_vars(spec))
-    assert cp.returncode == 0, cp.stdout[-4000:]
-    assert ask(port=8000) == "703"
+    assert cp.returncode == 0, cp.stdout[-4000:]  # the gate got 703 (no ask here: the fault may have fired already)
     assert "--link-head 10.77.0.11:50082" in unit(lab, "node2", "ExecStart")
     deadline = time.monotonic() + 150  # far below the 600 s a peer would wait without the link
     restarted = False

@@ -148,3 +148,54 @@ def test_the_same_nccl_error_on_every_node_fails():
     assert s["status"] == "fail" and s["failed_nodes"] == sorted(FLEET)
     bad = [r for r in rows if r["check"] == "nccl_version"]
     assert len(bad) == 4 and all(r["status"] == "fail" and "llmfleet_engine_python" in r["message"] for r in bad)
+
+
+# `ldconfig -p` as printed on an Ubuntu 22.04 GPU node (driver 580 packages: only libcuda.so.1 is installed),
+# with the 32-bit entry the i386 driver package adds.
+LDCONFIG = """\
+1654 libs found in cache `/etc/ld.so.cache'
+\tlibcudart.so.12 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.12
+\tlibcuda.so.1 (libc6,x86-64) => /lib/x86_64-linux-gnu/libcuda.so.1
+\tlibcuda.so.1 (libc6) => /lib/i386-linux-gnu/libcuda.so.1
+\tlibc.so.6 (libc6,x86-64, OS ABI: Linux 3.2.0) => /lib/x86_64-linux-gnu/libc.so.6
+"""
+WITH_LINK = LDCONFIG.replace(
+    "\tlibcuda.so.1 (libc6,x86-64)",
+    "\tlibcuda.so (libc6,x86-64) => /lib/x86_64-linux-gnu/libcuda.so\n\tlibcuda.so.1 (libc6,x86-64)",
+)
+STUB = LDCONFIG + "\tlibcuda.so (libc6,x86-64) => /usr/local/cuda-13.0/targets/x86_64-linux/lib/stubs/libcuda.so\n"
+
+
+def test_libcuda_state_from_the_linker_cache(tmp_path):
+    st = preflight.libcuda_state(LDCONFIG, exists=lambda p: False)
+    assert st == {"dirs": ["/lib/x86_64-linux-gnu"], "missing_unversioned": ["/lib/x86_64-linux-gnu"], "stubs": []}
+    linked = {"/lib/x86_64-linux-gnu/libcuda.so"}
+    assert preflight.libcuda_state(WITH_LINK, exists=linked.__contains__)["missing_unversioned"] == []
+    assert preflight.libcuda_state(STUB, exists=lambda p: False)["stubs"] == [
+        "/usr/local/cuda-13.0/targets/x86_64-linux/lib/stubs/libcuda.so"
+    ]
+    assert preflight.libcuda_state(None) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "linked", "fix"),
+    [
+        (LDCONFIG, set(), "ln -s libcuda.so.1 /lib/x86_64-linux-gnu/libcuda.so && ldconfig"),
+        (STUB, {"/lib/x86_64-linux-gnu/libcuda.so"}, "stubs/libcuda.so is in the linker cache"),
+        ("0 libs found in cache\n", set(), "libcuda.so.1 is not in the linker cache"),
+    ],
+)
+def test_a_node_without_a_usable_libcuda_fails_with_the_fix(text, linked, fix):
+    rows, s = judge(n2={"libcuda": preflight.libcuda_state(text, exists=linked.__contains__)})
+    assert s["failed_nodes"] == ["n2"] and s["failed_checks"] == ["libcuda"], s
+    (bad,) = [r for r in rows if r["status"] == "fail"]
+    assert fix in bad["message"] and "-lcuda" in bad["message"]
+
+
+def test_libcuda_passes_with_the_link_and_is_not_judged_without_gpus():
+    ok = preflight.libcuda_state(WITH_LINK, exists={"/lib/x86_64-linux-gnu/libcuda.so"}.__contains__)
+    rows, s = judge(n1={"libcuda": ok})
+    assert s["status"] == "pass" and [r["status"] for r in rows if r["check"] == "libcuda"] == ["pass"]
+    lab = preflight.libcuda_state("0 libs found in cache\n")
+    rows, _ = judge(n1={"libcuda": lab, "gpu_count": 0})
+    assert not [r for r in rows if r["check"] == "libcuda" and r["node"] == "n1"]
