@@ -75,9 +75,11 @@ class Node:
     ready_deadline: float
 
     def probe_argv(self, spec: str) -> list[str]:
-        """The command that runs the node probe (its source on stdin), through sudo when Ansible would become."""
+        """The command that runs the node probe (its source on stdin), through sudo when Ansible would become.
+        -I -S: the probe is stdlib only, so no PYTHON* variables, user site or site-packages .pth files (a node's
+        site import alone can cost more than the probe's whole work)."""
         sudo = ["sudo", "-n", "-u", self.become_user, "--"] if self.become else []
-        return [*sudo, self.python, "-", spec]
+        return [*sudo, self.python, "-I", "-S", "-", spec]
 
 
 @dataclass

@@ -39,7 +39,7 @@ def test_lab_inventory_resolves_templated_connection_vars(tmp_path):
     assert n.ssh.user == "ops" and n.become is True and n.become_user == "root"
     assert n.ssh.config_file == str(lab.ssh_config) and n.ssh.host == "10.99.0.12"
     assert n.engine_dir == "/var/lib/llmfleet/engine/demo"
-    assert n.probe_argv("{}") == ["sudo", "-n", "-u", "root", "--", "/usr/bin/python3", "-", "{}"]
+    assert n.probe_argv("{}") == ["sudo", "-n", "-u", "root", "--", "/usr/bin/python3", "-I", "-S", "-", "{}"]
 
 
 def test_extra_vars_override_like_ansible(tmp_path):
@@ -47,7 +47,7 @@ def test_extra_vars_override_like_ansible(tmp_path):
     fleet = load_fleet([str(inv)], extra_vars={"lab_operator": "root"})
     n = fleet.nodes[0]
     assert n.ssh.user == "root" and n.become is False
-    assert n.probe_argv("{}") == ["/usr/bin/python3", "-", "{}"]
+    assert n.probe_argv("{}") == ["/usr/bin/python3", "-I", "-S", "-", "{}"]
 
 
 def test_example_inventory():

@@ -42,7 +42,7 @@ def test_lab_ssh_config_is_honoured_without_connecting(tmp_path):
 def test_lab_as_root_without_become(tmp_path):
     inv, _ = lab_inventory(tmp_path)
     node = load_fleet([str(inv)], extra_vars={"lab_operator": "root"}).nodes[0]
-    assert connection(node).user == "root" and node.probe_argv("S") == ["/usr/bin/python3", "-", "S"]
+    assert connection(node).user == "root" and node.probe_argv("S") == ["/usr/bin/python3", "-I", "-S", "-", "S"]
 
 
 def test_host_key_checking_off(tmp_path):
@@ -188,7 +188,7 @@ def test_probe_over_real_ssh(tmp_path, peer):
         t.close()
     assert got["env"] == {"NCCL_IB_HCA": "mlx5_0"} and got["hcas"] == {} and again["probe"] == 1
     cmd = shlex.split(peer.commands[0])
-    assert cmd[:2] == [sys.executable, "-"] and json.loads(cmd[2])["op"] == "counters"
+    assert cmd[:4] == [sys.executable, "-I", "-S", "-"] and json.loads(cmd[4])["op"] == "counters"
 
 
 def test_become_runs_the_probe_through_sudo(tmp_path, peer):
