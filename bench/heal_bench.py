@@ -61,7 +61,7 @@ def unit_show(lab, node: str, unit: str, prop: str) -> str:
 def heal_run(lab, engine: str) -> dict:
     args, dep, port, model, kill = ENGINES[engine]
     unit = f"llmfleet-{dep}.service"
-    cold = ready_run(args)["cold_s"]
+    cold = ready_run(args, dep)["cold_s"]
     restarts = {n: int(unit_show(lab, n, unit, "NRestarts") or 0) for n in ("node1", "node2")}
     t0 = time.time()
     if not ssh(lab, "node2", f"{kill} && echo killed").strip():
