@@ -27,6 +27,8 @@ from . import (
     oncall_why,
     report_cli,
     servebench,
+    specdecode,
+    warmup,
 )
 from .manifest import HEX40
 
@@ -290,6 +292,8 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 PLUGGED = (
     ("accept", accept, "the API acceptance gate against a running endpoint (docs/acceptance.md)"),
     ("bench", servebench, "serving benchmark of an endpoint with the engine's own tool (docs/bench-serving.md)"),
+    ("warmup", warmup, "warm a ready endpoint over an input-length x concurrency matrix, timed (docs/warmup.md)"),
+    ("specdecode", specdecode, "speculative decoding's acceptance from an engine's /metrics, and whether it pays"),
     # On-call (docs/runbook.md): over SSH with the inventory Ansible reads.
     ("status", oncall_status, "is it serving: one line per node (unit, record, phase, API port, GPU memory), over SSH"),
     ("logs", oncall_logs, "journal tails per node; --first-failed: the node and rank that failed first, and why"),

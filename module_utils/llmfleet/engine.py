@@ -14,6 +14,8 @@ import re
 import shlex
 from typing import Any
 
+from . import specdecode
+
 PROFILES = ("sglang", "vllm", "vllm_pd", "custom")
 DEFAULT_PORT = {"sglang": 30000, "vllm": 8000, "vllm_pd": 8000, "custom": 8000}
 DEFAULT_COMMAND = {"sglang": ["sglang", "serve"], "vllm": ["vllm", "serve"], "vllm_pd": ["vllm", "serve"]}
@@ -100,14 +102,51 @@ def _or1(v: Any) -> Any:
     return 1 if v is None or v == "" else v
 
 
+def speculative_flags(spec: dict[str, Any]) -> list[str]:
+    """engine_speculative as this profile's engine flags ([] when unset or engine_speculative_enabled is false);
+    refuses the same flags in engine_extra_args (two sources for one setting)."""
+    profile, cfg = spec.get("profile"), spec.get("speculative") or {}
+    # Ansible's argument spec gives absent sub-options as null: a mapping of nulls is no setting.
+    if not isinstance(cfg, dict):
+        raise PlanError(f"engine_speculative must be a mapping (method, num_steps, ...), got {cfg!r}")
+    if not any(v not in (None, "") for v in cfg.values()):
+        return []
+        return []
+    if profile == "custom":
+        raise PlanError(
+            "engine_speculative is set but engine_profile=custom runs engine_custom_argv as given: put the engine's "
+            "speculative flags there, or leave engine_speculative empty"
+        )
+    flavour = _flavour(profile)
+    given = [
+        a.split("=", 1)[0]
+        for a in (str(x) for x in spec.get("extra_args") or [])
+        if a.startswith("--speculative") or a == "-sc"
+    ]
+    if given:
+        raise PlanError(
+            f"engine_extra_args holds {', '.join(sorted(set(given)))} and engine_speculative is set: the role writes "
+            "the speculative flags from engine_speculative; remove them from engine_extra_args"
+        )
+    try:
+        return specdecode.render_flags(
+            cfg, flavour, spec.get("speculative_enabled", True) not in (False, "false", "False")
+        )
+    except specdecode.SpecError as e:
+        raise PlanError(str(e)) from None
+
+
 def render_argv(spec: dict[str, Any], node_rank: int) -> list[str]:
     """The argv one node runs. spec keys: profile, command, model_path, served_model_name, tp, pp,
     nnodes, head_addr, dist_port, host, port, dist_timeout, context_length, loader_threads,
-    extra_args, kv_transfer_config and pd_role (vllm_pd), custom_argv (custom)."""
+    speculative and speculative_enabled (engine_speculative), extra_args, kv_transfer_config and pd_role
+    (vllm_pd), custom_argv (custom)."""
     profile = spec.get("profile")
     if profile not in PROFILES:
         raise PlanError(f"engine_profile={profile!r}: choose one of {', '.join(PROFILES)}")
     extra = [str(a) for a in spec.get("extra_args") or []]
+    spec_flags = speculative_flags(spec)
+    extra = spec_flags + extra
     if profile == "custom":
         argv = [str(a) for a in spec.get("custom_argv") or []]
         if not argv:

@@ -581,7 +581,9 @@ def _fixes(ckpt: dict[str, Any], est: dict[str, Any], args: dict[str, Any]) -> l
     tried = [(args["pp"] * m, trial(pp=args["pp"] * m)) for m in (2, 4, 8) if args["pp"] * m <= n_layers]
     better = [(p, e) for p, e in tried if e]
     first_fit = next(((p, e) for p, e in better if e["verdict"] == "fits"), None)
-    for p, e in better[:1] + ([first_fit] if first_fit and first_fit is not better[0] else []):
+    # The smallest PP that helps, and the smallest that fits when that is a larger one (compared by PP: the
+    # generator above builds new tuples, so identity never matched and a PP that did both was listed twice).
+    for p, e in better[:1] + ([first_fit] if first_fit and first_fit[0] != better[0][0] else []):
         out.append(
             f"TP{args['tp']}xPP{p} on {args['tp'] * p} GPUs ({_gib(e['weights_per_rank_bytes'])} weights per "
             f"GPU): {_outcome(e)}"

@@ -2,7 +2,7 @@
 the start-up log scan after it (docs/engine-fit.md), for operators and for the engine role to call on a node.
 
     llmfleet fit MODEL_DIR --engine vllm --engine-version 0.32.0 --tp 8 --pp 1 --max-model-len 131072 \\
-        [--max-seqs 16] [--mem-fraction 0.9] [--gpu-memory-gib 96] [--kv-cache-dtype auto] [--json]
+        [--max-seqs 16] [--mem-fraction 0.9] [--gpu-memory-gib 96] [--kv-cache-dtype auto] [--argv-json JSON] [--json]
     llmfleet startscan --engine vllm (--unit llmfleet-main.service | FILE | -) [--json]
 
 fit exits 0 when the model's architecture is known and it fits (or is tight: a warning), 1 when it does not
@@ -72,6 +72,30 @@ def flags_from_argv(argv: list[str], engine: str) -> dict[str, str]:
     return out
 
 
+def uses_mtp(argv: list[str], engine: str) -> bool:
+    """Whether the command line runs speculative decoding with the checkpoint's own MTP layers, which the engine
+    then loads too (vLLM --speculative-config method mtp; SGLang --speculative-algorithm NEXTN)."""
+    for i, a in enumerate(argv):
+        flag, eq, val = a.partition("=")
+        val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if engine == "vllm" and flag.replace("_", "-") in ("--speculative-config", "-sc"):
+            try:
+                doc = json.loads(val)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and doc.get("method") == "mtp":
+                return True
+        if (
+            engine == "vllm"
+            and flag.replace("_", "-") in ("--speculative-config.method", "-sc.method")
+            and val == "mtp"
+        ):
+            return True
+        if engine == "sglang" and flag == "--speculative-algorithm" and val.upper() == "NEXTN":
+            return True
+    return False
+
+
 def _apply_argv(args: argparse.Namespace, config: dict) -> None:
     """Fill what the command line did not give from the engine's argv, then from config.json."""
     if args.argv_json:
@@ -85,6 +109,7 @@ def _apply_argv(args: argparse.Namespace, config: dict) -> None:
             args.mem_fraction = args.mem_fraction or (float(got["mem_fraction"]) if "mem_fraction" in got else None)
             if args.kv_cache_dtype == "auto" and "kv_cache_dtype" in got:
                 args.kv_cache_dtype = got["kv_cache_dtype"]
+            args.include_mtp = uses_mtp([str(a) for a in argv], args.engine)
         except ValueError as e:
             raise fit.FitError(f"--argv-json: {e}: give the engine's command line as a JSON list of strings") from None
     if not args.max_model_len:
@@ -105,7 +130,16 @@ def _gpu_memory(args: argparse.Namespace) -> int | None:
     return fit.gpu_memory_from_smi(cp.stdout) if cp.returncode == 0 else None
 
 
+def sglang_own_fraction(gpu_memory_bytes: int, tp: int, pp: int, max_seqs: int) -> float:
+    """The --mem-fraction-static SGLang picks when none is given: what its reserve for activations and graphs
+    (fit.default_margin_bytes, SGLang 0.5.23's memory_hook.py rule) leaves of the GPU."""
+    margin = fit.default_margin_bytes(gpu_memory_bytes, tp=tp, pp=pp, activation_tokens=8192, max_seqs=max_seqs)
+    return 1 - margin / gpu_memory_bytes
+
+
 def run_fit(args: argparse.Namespace) -> int:
+    args.include_mtp = False
+    fraction_note = None
     version = args.engine_version or archcheck.captured(args.engine)[-1]
     try:
         config = fit.read_config(args.model_dir)
@@ -116,26 +150,28 @@ def run_fit(args: argparse.Namespace) -> int:
         if mem is not None:
             fraction = args.mem_fraction or (VLLM_DEFAULT_FRACTION if args.engine == "vllm" else None)
             if fraction is None:
-                raise fit.FitError(
-                    "SGLang picks its own --mem-fraction-static: give the one it runs with (--mem-fraction)"
-                )
+                fraction = sglang_own_fraction(mem, args.tp, args.pp, args.max_seqs)
+                fraction_note = f"--mem-fraction-static {fraction:.3f} by SGLang's own rule (none given)"
             est = fit.estimate_checkpoint(
                 args.model_dir, tp=args.tp, pp=args.pp, gpu_memory_bytes=mem, mem_fraction=fraction,
                 engine=args.engine, max_model_len=args.max_model_len, max_seqs=args.max_seqs,
-                kv_cache_dtype=args.kv_cache_dtype,
+                kv_cache_dtype=args.kv_cache_dtype, include_mtp=args.include_mtp,
             )  # fmt: skip
     except (fit.FitError, archcheck.ArchCheckError, OSError) as e:
         print(f"llmfleet fit: {e}", file=sys.stderr)
         return 2
     fits = est is None or est["verdict"] != "does_not_fit"
     if args.json:
-        print(json.dumps({"architecture_known": known, "architecture": arch_msg, "estimate": est}, indent=2))
+        print(json.dumps({"architecture_known": known, "architecture": arch_msg, "estimate": est,
+                          "mem_fraction_note": fraction_note}, indent=2))  # fmt: skip
     else:
         print(("" if known else "ERROR ") + arch_msg)
         if est is None:
             print("memory: not judged (no NVIDIA GPU here: give --gpu-memory-gib)")
         else:
             print(("WARNING " if est["verdict"] == "tight" else "" if fits else "ERROR ") + est["message"])
+            if fraction_note:
+                print(f"(assumed {fraction_note})")
     return 0 if known and fits else 1
 
 
@@ -170,12 +206,15 @@ def run_scan(args: argparse.Namespace) -> int:
         return 2
     findings = startscan.scan(text, args.engine)
     breakdown = fit.parse_breakdown(text, args.engine) if args.engine else None
+    said = startscan.summary(findings) or "no known fall-back line in the start-up log"
+    memory = fit.breakdown_message(breakdown) if breakdown is not None else None
     if args.json:
-        print(json.dumps({"findings": findings, "breakdown": breakdown}, indent=2))
+        # summary / memory: the lines the plain output prints (the engine role shows them per node).
+        print(json.dumps({"findings": findings, "breakdown": breakdown, "summary": said, "memory": memory}, indent=2))
         return 0
-    print(startscan.summary(findings) or "no known fall-back line in the start-up log")
-    if breakdown is not None:
-        print(fit.breakdown_message(breakdown))
+    print(said)
+    if memory is not None:
+        print(memory)
     return 0
 
 

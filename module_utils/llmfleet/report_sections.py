@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from . import specdecode
 from .nccl_verdict import floor_for
 
 GiB = 2**30
@@ -563,6 +564,34 @@ def acceptance(data: dict) -> dict[str, Any]:
         "checks": checks,
         "warnings": [str(w) for w in _list(data.get("warnings"))],
     }
+
+
+def speculative(data: dict) -> dict[str, Any]:
+    """Speculative decoding from the engine record (docs/speculative-decoding.md): the configuration the role
+    launched (`speculative`: {config, enabled}) and, when the record has it, what the engine measured
+    (`speculative.measured`: specdecode.parse_metrics of its /metrics) with the verdict."""
+    spec = _dict(data.get("speculative"))
+    cfg = {k: v for k, v in _dict(spec.get("config")).items() if v not in (None, "")}
+    if not cfg:
+        # Off is an answer to the section's question, not a missing record: the section passes.
+        return {"status": "pass", "summary": "off (engine_speculative is not set for this deployment)",
+                "config": {}, "enabled": False, "measured": None, "verdict": None}  # fmt: skip
+    enabled = spec.get("enabled") is not False
+    steps = int(cfg.get("num_steps") or 0)
+    said = f"{cfg.get('method')}, {steps} draft token(s) per step" + (
+        f", draft {cfg['draft_model_path']}" if cfg.get("draft_model_path") else ""
+    )
+    out: dict[str, Any] = {"config": cfg, "enabled": enabled, "measured": None, "verdict": None}
+    if not enabled:
+        why = f"configured ({said}) but launched without it: engine_speculative_enabled is false"
+        return {**out, "status": "warn", "summary": why}
+    measured = _dict(spec.get("measured")) or None
+    v = specdecode.verdict(measured, steps)
+    out.update(measured=measured, verdict=v)
+    if measured is None:
+        return {**out, "status": "pass", "summary": f"on: {said}; acceptance not measured in this record"}
+    line = specdecode.summary(measured, steps).removeprefix("speculative decoding: ")
+    return {**out, "status": "warn" if v["verdict"] == "does not pay" else "pass", "summary": f"on: {said}; {line}"}
 
 
 def _spread(s: dict, key: str) -> dict[str, float | None]:

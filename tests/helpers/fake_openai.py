@@ -15,6 +15,13 @@ answers a tool result with the result, fills a JSON schema's integer properties 
 when `chat_template_kwargs.enable_thinking` is true, and counts "Count from 1 to N" slowly (a stream worth
 cancelling). FAULTS reproduce one failure each (what a real deployment was seen or is known to do).
 
+For the warm-up's tests (tests/unit/test_warmup.py) three knobs stand in for what a GPU engine does at a new
+shape: `jit_delay` (the first stream of each prompt size, rounded up to a power of two, and every stream of that
+size arriving while it "compiles", waits until `jit_delay` s after it came: a stand-in for per-shape JIT
+compilation, not a model of it), `gather` (streams hold their first token until `gather` of them are in flight:
+a client that did not send them at once gets HTTP 500 after `gather_timeout`) and `oom_prompt_tokens` (a prompt
+longer than that gets HTTP 500, like an engine out of memory at a large shape).
+
     with FakeOpenAI(faults={"no_done"}) as fake:
         accept.accept(fake.url, "det")
 """
@@ -109,6 +116,10 @@ class FakeOpenAI:
         token_delay: float = 0.005,
         first_token_delay: float = 2.0,
         max_model_len: int = 8192,
+        jit_delay: float = 0.0,
+        gather: int = 0,
+        gather_timeout: float = 5.0,
+        oom_prompt_tokens: int | None = None,
     ) -> None:
         unknown = set(faults) - set(FAULTS)
         if unknown:
@@ -120,6 +131,11 @@ class FakeOpenAI:
         self.broken = False
         self.release = threading.Event()  # set by stop(): handlers that hang on purpose end
         self.server: ThreadingHTTPServer | None = None
+        self.jit_delay, self.oom_prompt_tokens = jit_delay, oom_prompt_tokens
+        self.compiled_at: dict[int, float] = {}  # prompt-size bucket -> when its "compilation" ends
+        self.jit_paid: list[int] = []  # buckets that paid jit_delay, in order
+        self.gather = threading.Barrier(gather, timeout=gather_timeout) if gather > 1 else None
+        self._lock = threading.Lock()
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -244,6 +260,19 @@ class FakeOpenAI:
             reply.content = "".join(c_pieces[: max(0, mt - len(r_pieces))]) or None
             reply.finish = "length"
         return reply
+
+    def jit_wait(self, prompt_tokens: int) -> None:
+        """With jit_delay: hold a stream of a prompt size not seen before (or still "compiling")."""
+        if not self.jit_delay:
+            return
+        bucket = 1 << max(0, prompt_tokens - 1).bit_length()
+        with self._lock:
+            if bucket not in self.compiled_at:
+                self.compiled_at[bucket] = time.monotonic() + self.jit_delay
+                self.jit_paid.append(bucket)
+            wait = self.compiled_at[bucket] - time.monotonic()
+        if wait > 0:
+            self.release.wait(wait)
 
     def tokenize(self, req: dict[str, Any]) -> dict[str, Any]:
         if "messages" in req:
@@ -430,6 +459,18 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(e.status, fake.error_body(e))
         if not req.get("stream"):
             return self._json(200, fake.completion_body(reply))
+        if fake.oom_prompt_tokens is not None and reply.prompt_tokens > fake.oom_prompt_tokens:
+            return self._json(500, fake.error_body(HttpError(500, "CUDA out of memory. Tried to allocate 2.00 GiB",
+                                                             "InternalServerError")))  # fmt: skip
+        if fake.gather is not None:
+            try:
+                fake.gather.wait()
+            except threading.BrokenBarrierError:
+                fake.gather.reset()
+                return self._json(500, fake.error_body(HttpError(500, f"the double's gather: fewer than "
+                                                                 f"{fake.gather.parties} streams came at once",
+                                                                 "InternalServerError")))  # fmt: skip
+        fake.jit_wait(reply.prompt_tokens)
         opts = req.get("stream_options") or {}
         return self._stream(fake.chunks(reply, bool(opts.get("include_usage"))))
 
@@ -483,8 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="det")
     ap.add_argument("--faults", default="", help=f"comma-separated, from: {', '.join(sorted(FAULTS))}")
     ap.add_argument("--lifetime", type=float, default=300.0, help="seconds to serve, then exit (never left running)")
+    ap.add_argument("--api-key-file", help="answer only requests with this key (first line of the file) as a bearer")
+    ap.add_argument("--jit-delay", type=float, default=0.0, help="seconds the first stream of each prompt size waits")
     a = ap.parse_args(argv)
-    fake = FakeOpenAI(a.model, tuple(f for f in a.faults.split(",") if f))
+    key = None
+    if a.api_key_file:
+        with open(a.api_key_file, encoding="utf-8") as f:
+            key = f.readline().strip()
+    fake = FakeOpenAI(a.model, tuple(f for f in a.faults.split(",") if f), api_key=key, jit_delay=a.jit_delay)
     url = fake.start()
     tmp = a.port_file + ".tmp"
     with open(tmp, "w") as f:

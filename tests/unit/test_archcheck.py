@@ -23,8 +23,8 @@ def test_captured_registries_say_where_they_came_from(engine, version, count):
 @pytest.mark.parametrize(
     "arch",
     [
-        "GlmMoeDsaForCausalLM",  # GLM-5: the field's GLM-5.2 FP8 (golden engine-seed000-*)
-        "Qwen3_5MoeForCausalLM",  # the Qwen3.5 MoE text model: the Qwen3.8 class (golden engine-seed003-*)
+        "GlmMoeDsaForCausalLM",  # GLM-5: the field's GLM-5.2 FP8 (golden engine-glm52-8xh20-*)
+        "Qwen3_5MoeForCausalLM",  # the Qwen3.5 MoE text model: the Qwen3.8 class (golden engine-qwen38-4x8h20-*)
         "DeepseekV3ForCausalLM",
         "Qwen3NextForCausalLM",
         "LlamaForCausalLM",  # the lab's deterministic model (tests/helpers/det_model.py)

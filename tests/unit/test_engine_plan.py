@@ -17,14 +17,14 @@ from tests.unit.module_utils import AnsibleExitJson, AnsibleFailJson, set_module
 
 GOLDEN = Path(__file__).parent / "golden"
 
-# Seed 003 (Qwen3.8 2.4T FP8, 4 x 8 H20, TP8 x PP4): the flags the report ran, in its order.
-SEED003_SGLANG_EXTRA = (
+# A field deployment (Qwen3.8 2.4T FP8, 4 x 8 H20, TP8 x PP4): the flags the report ran, in its order.
+QWEN38_SGLANG_EXTRA = (
     "--linear-attn-prefill-backend flashinfer --linear-attn-decode-backend flashinfer --mamba-ssm-dtype bfloat16 "
     "--mamba-full-memory-ratio 0.95 --page-size 64 --max-prefill-tokens 8192 --mem-fraction-static 0.85 "
     "--max-running-requests 64 --reasoning-parser qwen3 --tool-call-parser qwen3_coder --disable-radix-cache "
     "--enable-metrics"
 ).split()
-SEED003_VLLM_EXTRA = (
+QWEN38_VLLM_EXTRA = (
     "--gpu-memory-utilization 0.85 --max-num-batched-tokens 8192 --max-num-seqs 64 --mamba-ssm-cache-dtype bfloat16 "
     "--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser qwen3_coder"
 ).split()
@@ -40,13 +40,13 @@ QWEN = {
 }
 
 
-def seed003(profile):
-    extra = SEED003_SGLANG_EXTRA if profile == "sglang" else SEED003_VLLM_EXTRA
+def qwen38(profile):
+    extra = QWEN38_SGLANG_EXTRA if profile == "sglang" else QWEN38_VLLM_EXTRA
     return dict(QWEN, profile=profile, extra_args=extra, port=30000 if profile == "sglang" else 8000)
 
 
-# Seed 000 (GLM-5.2 FP8, one 8 x H20 node, TP8).
-SEED000_VLLM = {
+# A field deployment (GLM-5.2 FP8, one 8 x H20 node, TP8).
+GLM52_VLLM = {
     "profile": "vllm",
     "model_path": "/models/GLM-5.2-FP8/v1",
     "served_model_name": "glm-5.2-fp8-vllm",
@@ -59,7 +59,7 @@ SEED000_VLLM = {
         "--tool-call-parser glm47 --reasoning-parser glm45 --enable-auto-tool-choice --enable-prefix-caching"
     ).split(),
 }
-SEED000_SGLANG = {
+GLM52_SGLANG = {
     "profile": "sglang",
     "command": ["python3", "-m", "sglang.launch_server"],
     "model_path": "/models/GLM-5.2-FP8/v1",
@@ -77,14 +77,14 @@ SEED000_SGLANG = {
 }
 
 CASES = {
-    "seed003-sglang-rank0": (seed003("sglang"), 0),
-    "seed003-sglang-rank2": (seed003("sglang"), 2),
-    "seed003-vllm-rank0": (seed003("vllm"), 0),
-    "seed003-vllm-rank3": (seed003("vllm"), 3),
-    "seed000-vllm-tp8": (SEED000_VLLM, 0),
-    "seed000-sglang-tp8": (SEED000_SGLANG, 0),
-    "seed000-vllm-pd-prefill": (
-        dict(SEED000_VLLM, profile="vllm_pd", pd_role="prefill", extra_args=SEED000_VLLM["extra_args"][:6]),
+    "qwen38-4x8h20-sglang-rank0": (qwen38("sglang"), 0),
+    "qwen38-4x8h20-sglang-rank2": (qwen38("sglang"), 2),
+    "qwen38-4x8h20-vllm-rank0": (qwen38("vllm"), 0),
+    "qwen38-4x8h20-vllm-rank3": (qwen38("vllm"), 3),
+    "glm52-8xh20-vllm-tp8": (GLM52_VLLM, 0),
+    "glm52-8xh20-sglang-tp8": (GLM52_SGLANG, 0),
+    "glm52-8xh20-vllm-pd-prefill": (
+        dict(GLM52_VLLM, profile="vllm_pd", pd_role="prefill", extra_args=GLM52_VLLM["extra_args"][:6]),
         0,
     ),
 }
@@ -106,40 +106,40 @@ def _in_order(needle, hay):
     return any(hay[i : i + n] == needle for i in range(len(hay) - n + 1))
 
 
-def test_seed003_sglang_is_the_reports_command():
+def test_qwen38_sglang_is_the_reports_command():
     # The report's command, with RANK=2 and HEAD_ADDR substituted, is our argv minus --host/--port.
-    seed = (
+    field = (
         shlex.split(
             "sglang serve --model-path /models/Qwen3.8-2.4T-A95B-FP8 --served-model-name qwen38-a95b-fp8 --tp-size 8 "
             '--pp-size 4 --nnodes 4 --node-rank "2" --dist-init-addr "10.0.0.11:50080" --context-length 32768 '
         )
-        + SEED003_SGLANG_EXTRA
+        + QWEN38_SGLANG_EXTRA
     )
-    argv = engine.render_argv(seed003("sglang"), 2)
-    assert argv[: len(seed)] == seed
-    assert argv[len(seed) :] == ["--port", "30000"]
+    argv = engine.render_argv(qwen38("sglang"), 2)
+    assert argv[: len(field)] == field
+    assert argv[len(field) :] == ["--port", "30000"]
 
 
-def test_seed003_vllm_workers_are_headless_and_head_serves():
-    head = engine.render_argv(seed003("vllm"), 0)
-    worker = engine.render_argv(seed003("vllm"), 3)
+def test_qwen38_vllm_workers_are_headless_and_head_serves():
+    head = engine.render_argv(qwen38("vllm"), 0)
+    worker = engine.render_argv(qwen38("vllm"), 3)
     assert "--headless" not in head and "--headless" in worker
     assert _in_order(["--node-rank", "3"], worker) and _in_order(["--master-addr", "10.0.0.11"], worker)
     assert _in_order(["--master-port", "50080"], head)
     assert "--port" in head and "--port" not in worker  # headless nodes serve nothing
-    seed_flags = ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "4", "--nnodes", "4"]
-    assert _in_order(seed_flags, head) and _in_order(SEED003_VLLM_EXTRA, head)
+    field_flags = ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "4", "--nnodes", "4"]
+    assert _in_order(field_flags, head) and _in_order(QWEN38_VLLM_EXTRA, head)
 
 
-def test_seed000_loader_config_disables_multithread():
-    argv = engine.render_argv(SEED000_SGLANG, 0)
+def test_glm52_loader_config_disables_multithread():
+    argv = engine.render_argv(GLM52_SGLANG, 0)
     i = argv.index("--model-loader-extra-config")
     assert json.loads(argv[i + 1]) == {"enable_multithread_load": False}
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
 
 
 def test_vllm_pd_adds_nixl_and_is_single_node():
-    argv = engine.render_argv(dict(SEED000_VLLM, profile="vllm_pd", pd_role="decode", nnodes=2), 0)
+    argv = engine.render_argv(dict(GLM52_VLLM, profile="vllm_pd", pd_role="decode", nnodes=2), 0)
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}
     assert "--nnodes" not in argv
@@ -153,7 +153,7 @@ def test_vllm_pd_kv_role_follows_the_node_role_and_keeps_the_connector_options(r
         "kv_buffer_device": "cpu",
         "kv_connector_extra_config": {"kv_lease_duration": 60},
     }
-    argv = engine.render_argv(dict(SEED000_VLLM, profile="vllm_pd", pd_role=role, kv_transfer_config=cfg), 0)
+    argv = engine.render_argv(dict(GLM52_VLLM, profile="vllm_pd", pd_role=role, kv_transfer_config=cfg), 0)
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert kv == {**cfg, "kv_role": kv_role}
     # No connector named: NIXL; the same kv_role given explicitly is fine.
@@ -183,7 +183,7 @@ def test_vllm_pd_kv_role_follows_the_node_role_and_keeps_the_connector_options(r
 )
 def test_vllm_pd_refuses_what_would_break_the_pair(over, match):
     with pytest.raises(PlanError, match=match):
-        engine.render_argv(dict(SEED000_VLLM, profile="vllm_pd", **over), 0)
+        engine.render_argv(dict(GLM52_VLLM, profile="vllm_pd", **over), 0)
 
 
 PD_INSTANCES = [
@@ -268,7 +268,7 @@ def test_unknown_profile_and_missing_model():
 
 
 def test_ready_rules():
-    sg = engine.render_argv(seed003("sglang"), 1)
+    sg = engine.render_argv(qwen38("sglang"), 1)
     assert engine.ready_rule("sglang", 0, 4, 8, sg)["regex"] == "The server is fired up and ready to roll!"
     # Every SGLang rank's scheduler logs its own graph line: one per local rank.
     assert engine.ready_rule("sglang", 1, 4, 8, sg) == {"regex": "Capture cuda graph end", "count": 8}
@@ -429,7 +429,7 @@ def test_prepare_cache_keeps_current_and_in_use(tmp_path):
     assert (root / ("c" * 16)).is_dir() and (root / ("a" * 16)).is_dir() and not (root / ("b" * 16)).exists()
 
 
-def test_loader_fanout_seed000():
+def test_loader_fanout_glm52():
     f = engine.loader_fanout("sglang", 1, 8, None, shared_storage=True)
     assert f["readers"] == 64 and "8 ranks x 8 loader threads = 64" in f["formula"]
     assert engine.loader_fanout("sglang", 4, 8, 2, shared_storage=True)["readers"] == 64

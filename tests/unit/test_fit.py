@@ -245,7 +245,7 @@ def qwen_hand():
 
 
 def test_glm_743b_fp8_tp8_on_8_h20_does_not_fit(glm):
-    """The field's GLM-5.2 FP8 vLLM command (tests/unit/golden/engine-seed000-vllm-tp8.txt: -tp 8,
+    """The field's GLM-5.2 FP8 vLLM command (tests/unit/golden/engine-glm52-8xh20-vllm-tp8.txt: -tp 8,
     --max-model-len 131072, --kv-cache-dtype fp8, --gpu-memory-utilization 0.90, --max-num-seqs 16) on 8 x H20."""
     hand = glm_hand()
     e = fit.estimate(glm, tp=8, gpu_memory_bytes=H20, mem_fraction=0.90, engine="vllm", max_model_len=131072,
@@ -299,7 +299,7 @@ def test_glm_mtp_counts_only_when_speculating(glm):
 
 
 def test_qwen_2_4t_fp8_tp8_pp4_on_32_h20_sglang_is_tight(qwen):
-    """The field's Qwen3.8 SGLang command (tests/unit/golden/engine-seed003-sglang-rank0.txt: --tp-size 8 --pp-size 4,
+    """The field's Qwen3.8 SGLang command (tests/unit/golden/engine-qwen38-4x8h20-sglang-rank0.txt: --tp-size 8 --pp-size 4,
     --context-length 32768, --mem-fraction-static 0.85, --max-running-requests 64, --mamba-ssm-dtype bfloat16)."""
     hand = qwen_hand()
     e = fit.estimate(qwen, tp=8, pp=4, gpu_memory_bytes=H20, mem_fraction=0.85, engine="sglang",
@@ -326,7 +326,7 @@ def test_qwen_2_4t_fp8_tp8_pp4_on_32_h20_sglang_is_tight(qwen):
 
 
 def test_qwen_vllm_same_shape(qwen):
-    """The vLLM twin (engine-seed003-vllm-rank0.txt: --gpu-memory-utilization 0.85, --max-num-seqs 64,
+    """The vLLM twin (engine-qwen38-4x8h20-vllm-rank0.txt: --gpu-memory-utilization 0.85, --max-num-seqs 64,
     --mamba-ssm-cache-dtype bfloat16): the margin counts inside the fraction, and vLLM's layer split is the same
     for 96 / 4."""
     e = fit.estimate(qwen, tp=8, pp=4, gpu_memory_bytes=H20, mem_fraction=0.85, engine="vllm",
@@ -591,3 +591,10 @@ def test_breakdown_message_beside_the_estimate(qwen):
     assert "no memory lines" in fit.breakdown_message(fit.parse_breakdown(["hello"], "sglang"))
     with pytest.raises(FitError, match="engine 'tgi'"):
         fit.parse_breakdown([], "tgi")
+
+
+def test_a_pp_that_helps_and_fits_is_suggested_once(glm):
+    """TP8 x PP2 is both the smallest PP that helps and the smallest that fits: listed once (it was listed twice)."""
+    e = fit.estimate(glm, tp=8, gpu_memory_bytes=96 * GIB, mem_fraction=0.9, max_model_len=4096)
+    pp = [f for f in e["fixes"] if f.startswith("TP8xPP")]
+    assert pp == ["TP8xPP2 on 16 GPUs (46.0 GiB weights per GPU): fits"], e["fixes"]

@@ -56,7 +56,6 @@ def test_an_architecture_the_engine_does_not_know_fails(glm_dir, tmp_path, capsy
     [
         (["/nonexistent-model-dir-x"], "config.json"),
         (["{glm}", "--tp", "0"], "tp=0"),
-        (["{glm}", "--engine", "sglang"], "give the one it runs with (--mem-fraction)"),
     ],
 )
 def test_bad_input_is_exit_2_with_a_message(glm_dir, capsys, args, text):
@@ -112,3 +111,55 @@ def test_the_planned_argv_sizes_the_estimate(glm_dir, capsys):
 def test_a_bad_argv_json_is_exit_2(glm_dir, capsys):
     rc = cli.main(["fit", str(glm_dir), "--engine", "vllm", "--tp", "8", "--argv-json", "{not json"])
     assert rc == 2 and "--argv-json" in capsys.readouterr().err
+
+
+def test_sglang_without_a_fraction_is_judged_at_the_one_sglang_picks(glm_dir, capsys):
+    """SGLang chooses --mem-fraction-static itself when none is given; fit used to refuse (exit 2), which would
+    have stopped every SGLang deployment without the flag once the engine role runs fit. Now it takes SGLang's
+    own rule: 1 - (its reserve for activations and graphs) / total (docs/engine-fit.md, worked example 2: 0.826)."""
+    from llmfleet import fit_cli
+
+    h20 = 97871 * 1024**2
+    assert round(fit_cli.sglang_own_fraction(h20, 8, 4, 64), 3) == 0.826
+    rc = cli.main(["fit", str(glm_dir), "--engine", "sglang", "--tp", "8", "--pp", "4", "--max-model-len", "4096",
+                   "--gpu-memory-gib", "96", "--json"])  # fmt: skip
+    got = json.loads(capsys.readouterr().out)
+    assert rc == 0, got
+    assert got["mem_fraction_note"].startswith("--mem-fraction-static 0.")
+    assert got["mem_fraction_note"].endswith("by SGLang's own rule (none given)")
+
+
+@pytest.mark.parametrize(
+    ("engine", "argv", "mtp"),
+    [
+        ("vllm", ["--speculative-config", '{"method":"mtp","num_speculative_tokens":1}'], True),
+        ("vllm", ['--speculative_config={"method": "eagle3", "model": "/d"}'], False),
+        ("vllm", ["-sc.method", "mtp"], True),
+        ("sglang", ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3"], True),
+        ("sglang", ["--speculative-algorithm", "EAGLE3"], False),
+        ("sglang", ["--speculative-config", '{"method":"mtp"}'], False),  # vLLM's flag means nothing to SGLang
+    ],
+)
+def test_speculating_with_the_models_own_mtp_layers_counts_them(engine, argv, mtp):
+    from llmfleet import fit_cli
+
+    assert fit_cli.uses_mtp(["serve", "/m", *argv], engine) is mtp
+
+
+def test_the_planned_mtp_argv_puts_the_mtp_layer_in_the_estimate(glm_dir, capsys):
+    argv = ["vllm", "serve", str(glm_dir), "--max-model-len", "4096",
+            "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}']  # fmt: skip
+    common = ["fit", str(glm_dir), "--engine", "vllm", "--tp", "8", "--pp", "4", "--gpu-memory-gib", "96", "--json"]
+    assert cli.main([*common, "--argv-json", json.dumps(argv)]) == 0
+    with_mtp = json.loads(capsys.readouterr().out)["estimate"]
+    assert cli.main([*common, "--argv-json", json.dumps(argv[:5])]) == 0
+    without = json.loads(capsys.readouterr().out)["estimate"]
+    assert with_mtp["mtp_included"] is True and without["mtp_included"] is False
+    assert with_mtp["weights_total_bytes"] - without["weights_total_bytes"] == with_mtp["mtp_bytes"] > 0
+
+
+def test_startscan_json_carries_the_lines_the_role_prints(capsys):
+    assert cli.main(["startscan", "--engine", "vllm", str(REAL_LOG), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["summary"] == "no known fall-back line in the start-up log" and got["findings"] == []
+    assert got["memory"].startswith("vllm"), got["memory"]
