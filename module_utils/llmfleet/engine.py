@@ -111,7 +111,6 @@ def speculative_flags(spec: dict[str, Any]) -> list[str]:
         raise PlanError(f"engine_speculative must be a mapping (method, num_steps, ...), got {cfg!r}")
     if not any(v not in (None, "") for v in cfg.values()):
         return []
-        return []
     if profile == "custom":
         raise PlanError(
             "engine_speculative is set but engine_profile=custom runs engine_custom_argv as given: put the engine's "
@@ -136,11 +135,36 @@ def speculative_flags(spec: dict[str, Any]) -> list[str]:
         raise PlanError(str(e)) from None
 
 
+# The engines' own NUMA placement of their GPU worker processes (ranks are processes the engine spawns, so a
+# unit-wide CPUAffinity/NUMAPolicy would put every rank on one node's CPUs). vLLM >= 0.33: one NUMA node per
+# visible GPU (applied with numactl); SGLang: one per subprocess (local TP rank i uses GPU i).
+NUMA_FLAGS = {"vllm": ("--numa-bind", "--numa-bind-nodes", "--numa-bind-cpus"), "sglang": ("--numa-node",)}
+
+
+def numa_flags(spec: dict[str, Any], profile: str, ranks_per_node: int) -> list[str]:
+    """engine_numa_bind=auto: bind each GPU worker to its GPU's NUMA node (topology facts, in GPU index order),
+    when the node's GPUs span more than one NUMA node and every one is known; [] otherwise, for custom, and when
+    engine_extra_args already sets the engine's NUMA flags (the operator's placement wins)."""
+    if spec.get("numa_bind", "auto") != "auto" or profile == "custom":
+        return []
+    nodes = list(spec.get("gpu_numa_nodes") or [])
+    flavour = _flavour(profile)
+    if flavour == "sglang":
+        nodes = nodes[:ranks_per_node]
+    if len(nodes) < ranks_per_node or any(n is None or int(n) < 0 for n in nodes) or len(set(nodes)) < 2:
+        return []
+    if any(str(a).split("=", 1)[0] in NUMA_FLAGS[flavour] for a in spec.get("extra_args") or []):
+        return []
+    values = [str(int(n)) for n in nodes]
+    return ["--numa-bind", "--numa-bind-nodes", *values] if flavour == "vllm" else ["--numa-node", *values]
+
+
 def render_argv(spec: dict[str, Any], node_rank: int) -> list[str]:
     """The argv one node runs. spec keys: profile, command, model_path, served_model_name, tp, pp,
     nnodes, head_addr, dist_port, host, port, dist_timeout, context_length, loader_threads,
-    speculative and speculative_enabled (engine_speculative), extra_args, kv_transfer_config and pd_role
-    (vllm_pd), custom_argv (custom)."""
+    speculative and speculative_enabled (engine_speculative), numa_bind and gpu_numa_nodes (engine_numa_bind,
+    the topology's NUMA node per GPU), extra_args, kv_transfer_config and pd_role (vllm_pd), custom_argv
+    (custom)."""
     profile = spec.get("profile")
     if profile not in PROFILES:
         raise PlanError(f"engine_profile={profile!r}: choose one of {', '.join(PROFILES)}")
@@ -161,6 +185,7 @@ def render_argv(spec: dict[str, Any], node_rank: int) -> list[str]:
     check_layout(tp, pp, nnodes)
     if not 0 <= node_rank < nnodes:
         raise PlanError(f"node rank {node_rank} outside 0..{nnodes - 1}")
+    extra = numa_flags(spec, profile, tp * pp // nnodes) + extra
     multi = nnodes > 1
     head_addr, dist_port = spec.get("head_addr"), spec.get("dist_port")
     if multi and (not head_addr or not dist_port):

@@ -449,3 +449,48 @@ def test_systemd_quoting_round_trip():
 def test_a_missing_router_names_its_variable():
     with pytest.raises(PlanError, match=r"vllm-router --help` failed \(exit 127\).*check engine_pd_router_command"):
         engine_node.help_text(["/nonexistent/bin/vllm-router"], "router", timeout=10)
+
+
+# An 8-GPU HGX node: GPUs 0-3 on NUMA node 0, 4-7 on node 1 (topology facts' numa_node per GPU, index order).
+HGX_NUMA = [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def _numa_spec(profile, **over):
+    spec = {"profile": profile, "model_path": "/m/r", "tp": 8, "gpu_numa_nodes": HGX_NUMA, "numa_bind": "auto"}
+    return {**spec, **over}
+
+
+def test_numa_binding_follows_each_gpus_numa_node():
+    vllm = engine.render_argv(_numa_spec("vllm"), 0)
+    assert _in_order(["--numa-bind", "--numa-bind-nodes", *map(str, HGX_NUMA)], vllm)
+    sglang = engine.render_argv(_numa_spec("sglang"), 0)
+    assert _in_order(["--numa-node", *map(str, HGX_NUMA)], sglang)
+    # SGLang: one entry per local rank (TP4 on the first 4 GPUs: all on node 0, so nothing to bind).
+    assert "--numa-node" not in engine.render_argv(_numa_spec("sglang", tp=4), 0)
+    half = engine.render_argv(_numa_spec("sglang", tp=4, gpu_numa_nodes=[0, 1, 0, 1, 0, 1, 0, 1]), 0)
+    at = half.index("--numa-node")
+    assert half[at + 1 : at + 5] == ["0", "1", "0", "1"] and not half[at + 5 : at + 6] == ["0"]
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"numa_bind": "off"},
+        {"gpu_numa_nodes": [0] * 8},  # one NUMA node (or a VM): nothing to choose
+        {"gpu_numa_nodes": [0, 0, 0, 0, 1, 1, 1, None]},  # one GPU's node unknown
+        {"gpu_numa_nodes": [0, 0, 0, 0, 1, 1, 1, -1]},
+        {"gpu_numa_nodes": []},  # no topology facts (the lab)
+        {"extra_args": ["--numa-bind-nodes", "1", "1", "1", "1", "0", "0", "0", "0", "--numa-bind"]},  # operator's own
+    ],
+)
+def test_no_numa_flags_when_there_is_nothing_to_bind_or_the_operator_placed_them(over):
+    argv = engine.render_argv(_numa_spec("vllm", **over), 0)
+    assert argv.count("--numa-bind") == (1 if "extra_args" in over else 0)
+
+
+def test_every_numa_flag_rendered_is_in_the_engines_real_help():
+    for profile, help_file, kind in (("vllm", "vllm-0.33.0.serve-help-all.txt", "vllm"),
+                                     ("sglang", "sglang-0.5.23.serve-help.txt", "sglang")):  # fmt: skip
+        argv = engine.render_argv(_numa_spec(profile), 0)
+        text = (Path(__file__).parents[1] / "fixtures" / "engines" / help_file).read_text()
+        assert helpflags.unknown_flags(argv, text, kind, skip=2) == []
