@@ -109,6 +109,9 @@ bench: install
 	$(PY) bench/stage_bench.py --gb 8 --nodes 4 --fleet-gb 1 --out docs/bench-stage.md
 	$(PY) bench/nccl_check_bench.py --out docs/bench-nccl-check.md
 	$(PY) bench/engine_bench.py --runs 3 --out docs/bench-engine.md
+	$(PY) bench/heal_bench.py --runs 1 --engine both --out docs/bench-heal.md
+	$(PY) bench/oncall_bench.py --nodes 2 4 8 16 --runs 3 --out docs/bench-oncall.md
+	$(PY) bench/stage_scale.py --lab-check
 
 clean:
 	-$(LAB) down
