@@ -43,6 +43,36 @@ def llmfleet_layout_error(tp: int, pp: int, nnodes: int, gpus_per_node: int) -> 
     return ""
 
 
+def llmfleet_gpu_set_error(gpus: list, tp: int, pp: int, nnodes: int, gpus_per_node: int, *, topo_gpus=()) -> str:
+    """'' when llmfleet_gpus names one usable GPU per rank of a node, else what to fix (the engine plan's rule)."""
+    from llmfleet.engine import PlanError, check_layout
+    from llmfleet.gpuset import GpuSetError, resolve
+
+    try:
+        rpn = check_layout(int(tp), int(pp), int(nnodes), int(gpus_per_node))
+        resolve(list(gpus or []), int(gpus_per_node), list(topo_gpus or []), rpn)
+    except (PlanError, GpuSetError, ValueError, TypeError) as e:
+        return str(e)
+    return ""
+
+
+def llmfleet_gpu_set(gpus: list, gpus_per_node: int, topo_gpus: list, ranks_per_node: int) -> dict:
+    """One node's GPUs for ranks_per_node ranks: {named, indexes, visible, numa_nodes} (llmfleet.gpuset.resolve)."""
+    from llmfleet.gpuset import GpuSetError, resolve
+
+    try:
+        return resolve(list(gpus or []), int(gpus_per_node), list(topo_gpus or []), int(ranks_per_node))
+    except GpuSetError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
+def llmfleet_gpu_claim_conflicts(mine: Mapping, others: list) -> list:
+    """What this deployment's claim on a node (GPUs, ports) shares with the other deployments' claims there."""
+    from llmfleet.gpuset import conflicts
+
+    return conflicts(dict(mine), [dict(o) for o in others or []])
+
+
 def llmfleet_pair_rounds(nodes: list) -> list:
     """Rounds of node pairs (each node at most once per round): every pair exactly once."""
     from llmfleet.nccl_verdict import pair_rounds
@@ -169,6 +199,9 @@ class FilterModule:
             "llmfleet_duplicates": llmfleet_duplicates,
             "llmfleet_node_order": llmfleet_node_order,
             "llmfleet_layout_error": llmfleet_layout_error,
+            "llmfleet_gpu_set_error": llmfleet_gpu_set_error,
+            "llmfleet_gpu_set": llmfleet_gpu_set,
+            "llmfleet_gpu_claim_conflicts": llmfleet_gpu_claim_conflicts,
             "llmfleet_pair_rounds": llmfleet_pair_rounds,
             "llmfleet_pick": llmfleet_pick,
             "llmfleet_nccl_verdict": llmfleet_nccl_verdict,

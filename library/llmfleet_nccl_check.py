@@ -26,6 +26,13 @@ options:
     description: Fabric environment file (NCCL/Gloo interface, HCAs, GID) that the ranks get.
     type: path
     default: /etc/llmfleet/fabric.env
+  visible_devices:
+    description:
+      - The deployment's GPUs on this node (llmfleet_gpus as nvidia-smi indexes, comma-separated). The ranks get them as
+        C(CUDA_VISIBLE_DEVICES) with C(CUDA_DEVICE_ORDER=PCI_BUS_ID), so local rank i runs on the i-th of them, as the
+        engine's ranks will. Empty = every GPU of the node (local rank i on GPU i).
+    type: str
+    default: ""
   world:
     description: World size, 1 to 16129 ranks (beyond that the check's values cannot all be exact, and it refuses).
     type: int
@@ -116,7 +123,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ranks:
-  description: One result per local rank (rank, ok, wrong elements, busbw, culprits, phases, node).
+  description: One result per local rank (rank, ok, wrong elements, busbw, culprits, phases, node, gpu).
   returned: always
   type: list
   elements: dict
@@ -131,7 +138,7 @@ skipped_in_check_mode:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.nccl_check import read_env_file, run_node_ranks, world_error
+from ansible.module_utils.llmfleet.nccl_check import read_env_file, run_node_ranks, visible_env, world_error
 
 
 def argument_spec() -> dict:
@@ -154,6 +161,7 @@ def argument_spec() -> dict:
         "corrupt_rank": {"type": "int", "default": -1},
         "delay_ranks": {"type": "dict", "default": {}},
         "numa_nodes": {"type": "list", "elements": "raw", "default": []},
+        "visible_devices": {"type": "str", "default": ""},
     }
 
 
@@ -196,7 +204,7 @@ def run(module: AnsibleModule) -> None:
     spec = {
         "python": p["python"],
         "pythonpath": p["pythonpath"],
-        "env": read_env_file(p["env_file"]),
+        "env": {**read_env_file(p["env_file"]), **visible_env(p["visible_devices"])},
         "world": p["world"],
         "master": p["master"],
         "port": p["port"],

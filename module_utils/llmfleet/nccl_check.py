@@ -679,9 +679,21 @@ def run_node_ranks(spec: dict[str, Any]) -> list[dict[str, Any]]:
         argv = rank_argv(spec, rank, local, numactl)
         procs.append((rank, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)))
     out = collect(procs, spec["deadline"] + 15)
+    visible = [v for v in (spec.get("env") or {}).get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    local_of = {int(r): int(lr) for r, lr in spec["ranks"]}
     for res in out:
         res["node"] = socket.gethostname()
+        lr = local_of.get(int(res.get("rank", -1)))
+        if lr is not None:  # the GPU (nvidia-smi index) this rank ran on
+            res["gpu"] = visible[lr] if lr < len(visible) else str(lr)
     return out
+
+
+def visible_env(visible_devices: str) -> dict[str, str]:
+    """The environment that puts local rank i on the i-th of a deployment's GPUs ({} = every GPU)."""
+    if not visible_devices.strip():
+        return {}
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible_devices.replace(" ", "")}
 
 
 def rank_argv(spec: dict[str, Any], rank: int, local: int, numactl: str | None) -> list[str]:

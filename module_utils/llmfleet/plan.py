@@ -1,6 +1,6 @@
 """One node's engine plan: everything its unit needs, composed from llmfleet.engine's pure parts
-(the argv, the ExecStart and shell lines, the READY rule, whether it serves the API, ranks per node
-and the loader fan-out); and the P/D router's (vllm_pd). Stdlib only; the engine role's
+(the argv, the ExecStart and shell lines, the READY rule, whether it serves the API, ranks per node,
+its GPUs and the loader fan-out); and the P/D router's (vllm_pd). Stdlib only; the engine role's
 llmfleet_engine_plan and llmfleet_router_plan filters call them.
 """
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from .engine import (
     ROUTER_READY_RE,
+    PlanError,
     check_layout,
     loader_fanout,
     ready_rule,
@@ -20,6 +21,7 @@ from .engine import (
     shell_line,
     systemd_command_line,
 )
+from .gpuset import GpuSetError, resolve
 
 
 def node_plan(spec: Mapping, node_rank: int) -> dict[str, Any]:
@@ -27,9 +29,15 @@ def node_plan(spec: Mapping, node_rank: int) -> dict[str, Any]:
     the API, ranks per node and the loader fan-out. Raises engine.PlanError naming the variable to fix."""
     spec = dict(spec)
     rank = int(node_rank)
-    argv = render_argv(spec, rank)
     nnodes = 1 if spec["profile"] == "vllm_pd" else int(spec.get("nnodes") or 1)
     rpn = check_layout(int(spec.get("tp") or 1), int(spec.get("pp") or 1), nnodes, int(spec.get("gpus_per_node") or 0))
+    try:
+        gpus = resolve(spec.get("gpus"), int(spec.get("gpus_per_node") or 0), spec.get("topo_gpus"), rpn)
+    except GpuSetError as e:
+        raise PlanError(str(e)) from e
+    if gpus["named"]:  # the visible GPUs are the deployment's: their NUMA nodes, in local rank order
+        spec["gpu_numa_nodes"] = gpus["numa_nodes"]
+    argv = render_argv(spec, rank)
     threads = spec.get("loader_threads") or None
     return {
         "argv": argv,
@@ -39,6 +47,7 @@ def node_plan(spec: Mapping, node_rank: int) -> dict[str, Any]:
         "serves_api": serves_api(spec["profile"], rank),
         "ranks_per_node": rpn,
         "nnodes": nnodes,
+        "gpus": gpus,
         "fanout": loader_fanout(
             spec["profile"], nnodes, rpn, int(threads) if threads else None, bool(spec.get("shared_storage"))
         ),

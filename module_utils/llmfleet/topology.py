@@ -131,7 +131,7 @@ def gpus_from_sysfs(sys_root: str) -> list[dict[str, Any]]:
         if dev["vendor"] == NVIDIA and dev["class"][:6] in GPU_CLASSES:
             out.append(dev)
     for i, g in enumerate(out):  # NVML/nvidia-smi order is PCI bus order
-        g.update(index=i, model=None, memory_bytes=None, nvlinks=None, source="sysfs")
+        g.update(index=i, uuid=None, model=None, memory_bytes=None, nvlinks=None, source="sysfs")
     return out
 
 
@@ -167,8 +167,10 @@ def gpus_from_nvml(sys_root: str) -> list[dict[str, Any]] | None:
                     links += pynvml.nvmlDeviceGetNvLinkState(h, link) == 1
                 except Exception:
                     break
+            uuid = pynvml.nvmlDeviceGetUUID(h)
             dev.update(
                 index=i,
+                uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,  # llmfleet_gpus may name GPUs by UUID
                 model=name.decode() if isinstance(name, bytes) else name,
                 memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
                 nvlinks=links,

@@ -423,3 +423,49 @@ def test_a_node_restarting_alone_keeps_the_pinned_revision_and_its_peers_fabric_
     for n in NODES:
         assert unit(lab, n, "InvocationID") != before[n], n
         assert "NCCL_DEBUG=WARN" in ssh(lab, n, "cat /etc/llmfleet/engine/demo.env").stdout, n
+
+
+def shared_node(name, gpus, port, *extra, playbook="playbooks/engine.yml", check=True):
+    """A TP2 deployment of its own on node1 alone, on the (fake) GPUs it names (llmfleet_gpus)."""
+    env = {"LLMFLEET_SIM_STATE_DIR": f"/var/lib/llmfleet/engine/{name}/sim"}
+    vars_ = {"llmfleet_deployment": name, "llmfleet_gpus_per_node": 4, "llmfleet_tp_size": 2, "llmfleet_pp_size": 1,
+             "llmfleet_gpus": gpus, "engine_port": port, "engine_ready_deadline": 120, "engine_env": env}  # fmt: skip
+    return run_ansible("ansible-playbook", playbook, "--limit", "node1", "-e", json.dumps(vars_), *extra, check=check)
+
+
+def test_two_deployments_share_a_node_on_disjoint_gpus(prepared):
+    """Two deployments on one node, each on the GPUs it names: both serve, a third that wants one of their GPUs
+    is refused before anything is installed, and each stops without touching the other."""
+    lab = prepared
+    engine(playbook="playbooks/engine_stop.yml")  # demo names no GPUs: stopped in order, it gives node1 back
+    try:
+        shared_node("left", [0, 1], 30010)
+        shared_node("right", [2, 3], 30011)
+        for name, port, gpus in (("left", 30010, "0,1"), ("right", 30011, "2,3")):
+            assert ssh(lab, "node1", f"systemctl is-active llmfleet-{name}.service").stdout.strip() == "active"
+            assert ask(port) == "703"
+            env = ssh(lab, "node1", f"cat /etc/llmfleet/engine/{name}.env").stdout
+            assert f"CUDA_VISIBLE_DEVICES={gpus}\n" in env and "CUDA_DEVICE_ORDER=PCI_BUS_ID\n" in env
+            journal = ssh(lab, "node1", f"journalctl -u llmfleet-{name}.service -o cat --no-pager").stdout
+            assert f"[simulator] GPUs: CUDA_VISIBLE_DEVICES={gpus}, local ranks on GPU {gpus}" in journal
+            claim = json.loads(ssh(lab, "node1", f"cat /etc/llmfleet/gpus/{name}.json").stdout)
+            assert claim == {"deployment": name, "gpus": [int(g) for g in gpus.split(",")], "ports": {"api": port}}
+        cp = shared_node("clash", [1, 2], 30012, check=False)
+        assert cp.returncode != 0
+        assert (
+            "node1: deployment clash cannot start here: GPU 1 already belongs to deployment left (its GPUs: 0, 1): "
+            "choose others in llmfleet_gpus; GPU 2 already belongs to deployment right"
+        ) in " ".join(cp.stdout.split())
+        clash = ssh(lab, "node1", "systemctl show llmfleet-clash.service -p LoadState --value").stdout.strip()
+        assert clash == "not-found"
+        assert ssh(lab, "node1", "test -e /etc/llmfleet/gpus/clash.json", check=False).returncode == 1
+        # Stopping one leaves the other serving, and gives its GPUs back.
+        shared_node("left", [0, 1], 30010, playbook="playbooks/engine_stop.yml")
+        assert ssh(lab, "node1", "systemctl is-active llmfleet-left.service", check=False).stdout.strip() == "inactive"
+        assert ssh(lab, "node1", "test -e /etc/llmfleet/gpus/left.json", check=False).returncode == 1
+        assert ssh(lab, "node1", "systemctl is-active llmfleet-right.service").stdout.strip() == "active"
+        assert ask(30011) == "703"
+    finally:
+        for name, gpus, port in (("left", [0, 1], 30010), ("right", [2, 3], 30011)):
+            shared_node(name, gpus, port, playbook="playbooks/engine_stop.yml", check=False)
+    assert sim_processes(lab, "node1") == ""

@@ -29,6 +29,11 @@ PLAY = """
   hosts: all
   gather_facts: false
   tasks:
+    - name: The node's topology (an empty sysfs tree here, as on a node without GPUs or HCAs)
+      llmfleet_topology_facts:
+        sysfs_root: "{{ out_dir }}"
+        use_nvml: false
+
     - name: Plan (the role's first tasks)
       ansible.builtin.include_role:
         name: engine
@@ -345,6 +350,11 @@ PD_PLAY = """
   hosts: all
   gather_facts: false
   tasks:
+    - name: The node's topology (an empty sysfs tree here, as on a node without GPUs or HCAs)
+      llmfleet_topology_facts:
+        sysfs_root: "{{ out_dir }}"
+        use_nvml: false
+
     - name: Plan (the role's first tasks)
       ansible.builtin.include_role:
         name: engine
@@ -469,7 +479,7 @@ def test_pd_router_on_every_address_is_an_error_when_keys_are_required(tmp_path)
     rc, out, _ = pd_play(tmp_path, llmfleet_api_key=KEY, engine_require_api_key=True)
     assert rc == 2 and "vllm-router checks no API key, and engine_require_api_key is true" in out, out[-3000:]
     rc, out, _ = pd_play(tmp_path, llmfleet_api_key=KEY, engine_require_api_key=True, engine_pd_router_host="10.0.0.1")
-    assert rc == 0 and "WARNING" not in out, out[-3000:]
+    assert rc == 0 and "serves the P/D router" not in out, out[-3000:]
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,11 @@ PLAY = """
   hosts: all
   gather_facts: false
   tasks:
+    - name: The node's topology (an empty sysfs tree here, as on a node without GPUs or HCAs)
+      llmfleet_topology_facts:
+        sysfs_root: "{{ out_dir }}"
+        use_nvml: false
+
     - name: Plan (the role's first tasks)
       ansible.builtin.include_role:
         name: engine

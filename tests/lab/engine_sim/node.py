@@ -245,6 +245,17 @@ def node_main(flavour: str, argv: list[str]) -> int:
     log.raw(banner(flavour, f"node-rank {cfg['node_rank']}/{cfg['nnodes']} ({role}), global ranks "
                             f"{lo}-{lo + cfg['rpn'] - 1} of world {cfg['world']} (tp={cfg['tp']} pp={cfg['pp']}), "
                             f"model {cfg['model_arg']}"))  # fmt: skip
+    # Not an engine line (the engines log no such thing): the simulator says which GPUs it was given, so the lab
+    # can check what a deployment's unit hands its ranks; local rank i would run on the i-th.
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    gpus = [visible[i] if visible else str(i) for i in range(min(cfg["rpn"], len(visible) or cfg["rpn"]))]
+    log(f"[simulator] GPUs: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}, "
+        f"local ranks on GPU {','.join(gpus)}")  # fmt: skip
+    if visible and len(visible) < cfg["rpn"]:
+        # As a real engine's rank fails when it asks for a device past the visible ones.
+        log(f"RuntimeError: CUDA error: invalid device ordinal (local rank {len(visible)}, "
+            f"CUDA_VISIBLE_DEVICES={','.join(visible)} shows {len(visible)} GPUs)", "ERROR")  # fmt: skip
+        return 1
     if flavour == "sglang":
         log(f"server_args={server_args_repr(args)}")  # SGLang logs its arguments, API key included, on every node
     elif cfg["is_head"]:
