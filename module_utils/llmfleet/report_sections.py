@@ -539,7 +539,14 @@ def timeline(data: dict) -> dict[str, Any]:
         status = "fail"
         reached = [f"{r['node']} {r['phase'] or '?'}" for g in out for r in g["rows"]]
         summary = "no correct answer; phases reached: " + (", ".join(reached) or "none")
-    return {"status": status, "summary": summary, "gates": out, "events": EVENT_LABELS}
+    # The warm-up after the gate (engine_warmup_lengths; docs/warmup.md), when the role ran one.
+    warm = _dict(data.get("warmup")) or None
+    if warm is not None:
+        secs = _num(warm.get("wall_s"))
+        summary += f"; then warm-up{f' {secs:.1f} s' if secs is not None else ''}: {warm.get('summary') or '-'}"
+        if not warm.get("ok") and status == "pass":
+            status = "warn"
+    return {"status": status, "summary": summary, "gates": out, "events": EVENT_LABELS, "warmup": warm}
 
 
 # ---- acceptance, bench, scrape targets ------------------------------------------------------------------------

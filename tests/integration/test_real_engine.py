@@ -47,6 +47,12 @@ def real_vars(**more):
             "hermes",
         ],
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        # Speculative decoding as the role renders it (ngram: no draft checkpoint needed), and a warm-up matrix:
+        # the real engine takes the flags, the role reads its spec-decode counters after the warm-up.
+        "engine_speculative": {"method": "ngram", "num_steps": 2},
+        "engine_warmup_lengths": [64, 128],
+        "engine_warmup_concurrency": [1, 2],
+        "engine_warmup_max_tokens": 16,
         "engine_ready_deadline": 420,
         "engine_start_timeout": 600,
         "engine_restart_sec": 2,
@@ -74,12 +80,24 @@ def real(lab):
     engine(*real_vars(), playbook="playbooks/engine_stop.yml")
 
 
-def test_real_vllm_reaches_ready_and_answers_703(real):
+def test_real_vllm_reaches_ready_and_answers_703(real, tmp_path):
     lab = real
-    cp = engine(*real_vars())
+    cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path)))
     assert cp.returncode == 0, cp.stdout[-6000:]
     assert unit(lab, "ActiveState") == "active"
     assert "first correct answer" in cp.stdout[cp.stdout.index("Cold-start timeline") :]
+    # The speculative-decoding flags the role rendered, taken by the real engine; the warm-up matrix run and timed;
+    # the engine's own spec-decode counters read back into the record after it.
+    exec_start = unit(lab, "ExecStart")
+    assert "--speculative-config" in exec_start and "num_speculative_tokens" in exec_start, exec_start
+    warm = json.loads((tmp_path / "warmup-real.json").read_text())
+    assert warm["ok"] and warm["wall_s"] > 0 and warm["summary"].startswith("WARMED UP"), warm
+    record = json.loads((tmp_path / "engine-real.json").read_text())
+    assert record["warmup"]["ok"] and record["warmup"]["wall_s"] == warm["wall_s"]
+    spec = record["speculative"]
+    assert spec["config"] == {"method": "ngram", "num_steps": 2} and spec["read_after"] == "warm-up"
+    assert spec["measured"]["engine"] == "vllm" and spec["measured"]["drafts"] >= 0, spec
+    assert spec["verdict"]["verdict"] in ("pays", "marginal", "does not pay", "not judged"), spec
     # The real engine's own processes run under the unit (API server, engine core, two TP workers).
     procs = ssh(lab, "node1", f"systemctl status {UNIT} --no-pager -l").stdout
     assert "VLLM::Worker_TP1" in procs and "VLLM::EngineCore" in procs, procs[-3000:]

