@@ -551,7 +551,8 @@ def launch_local(a: argparse.Namespace) -> int:
 def collect(procs: list[tuple[int, Any]], seconds: float) -> list[dict[str, Any]]:
     """Each rank's JSON line, waiting at most `seconds` overall; a rank that outlives that (its own
     watchdog failed) is killed, so no rank is ever left running."""
-    end = time.monotonic() + seconds
+    t0 = time.monotonic()
+    end = t0 + seconds
     out = []
     for rank, p in procs:
         try:
@@ -559,6 +560,7 @@ def collect(procs: list[tuple[int, Any]], seconds: float) -> list[dict[str, Any]
         except subprocess.TimeoutExpired:
             p.kill()
             so, se = p.communicate()
+        wall = time.monotonic() - t0  # an upper bound for ranks collected after a slower one
         line = next((ln for ln in reversed(so.splitlines()) if ln.startswith("{")), None)
         res = (
             json.loads(line)
@@ -566,6 +568,7 @@ def collect(procs: list[tuple[int, Any]], seconds: float) -> list[dict[str, Any]
             else {"rank": rank, "ok": False, "error": f"no result (exit {p.returncode}): {se[-400:]}"}
         )
         res["exit"] = p.returncode
+        res["wall_s"] = round(wall, 2)
         out.append(res)
     return out
 

@@ -95,3 +95,14 @@ def test_ranks_are_bound_to_their_gpus_numa_node_when_known():
     assert nccl_check.rank_argv(spec, 13, 5, None)[0] == "/py"  # no numactl: unbound, not an error
     assert nccl_check.rank_argv({**spec, "numa_nodes": []}, 1, 1, "/usr/bin/numactl")[0] == "/py"
     assert nccl_check.rank_argv({**spec, "numa_nodes": [None]}, 0, 0, "/usr/bin/numactl")[0] == "/py"
+
+
+def test_each_rank_result_carries_its_wall_time_and_gpu():
+    """Phases 2 and 3 derive their deadline from phase 1's wall times (nccl_check_deadline_factor)."""
+    from llmfleet.nccl_check import run_node_ranks
+
+    # /bin/false as the Python: no rank runs, and the result still says how long it took and where it was placed.
+    spec = {"python": "/bin/false", "world": 1, "master": "127.0.0.1", "port": 1, "deadline": 5,
+            "ranks": [[0, 0]], "env": {"CUDA_VISIBLE_DEVICES": "3"}}  # fmt: skip
+    (res,) = run_node_ranks(spec)
+    assert res["ok"] is False and res["exit"] == 1 and 0 <= res["wall_s"] < 5 and res["gpu"] == "3"
