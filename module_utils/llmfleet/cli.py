@@ -25,6 +25,7 @@ from . import (
     oncall_status,
     oncall_stop,
     oncall_why,
+    precompile,
     report_cli,
     servebench,
     specdecode,
@@ -294,6 +295,7 @@ PLUGGED = (
     ("bench", servebench, "serving benchmark of an endpoint with the engine's own tool (docs/bench-serving.md)"),
     ("warmup", warmup, "warm a ready endpoint over an input-length x concurrency matrix, timed (docs/warmup.md)"),
     ("specdecode", specdecode, "speculative decoding's acceptance from an engine's /metrics, and whether it pays"),
+    ("precompile", precompile, "run a kernel precompile once per fingerprint (the unit's ExecStartPre; a stamp file)"),
     # On-call (docs/runbook.md): over SSH with the inventory Ansible reads.
     ("status", oncall_status, "is it serving: one line per node (unit, record, phase, API port, GPU memory), over SSH"),
     ("logs", oncall_logs, "journal tails per node; --first-failed: the node and rank that failed first, and why"),

@@ -22,6 +22,7 @@ from .engine import (
     systemd_command_line,
 )
 from .gpuset import GpuSetError, resolve
+from .precompile import compile_argv
 
 
 def node_plan(spec: Mapping, node_rank: int) -> dict[str, Any]:
@@ -38,6 +39,16 @@ def node_plan(spec: Mapping, node_rank: int) -> dict[str, Any]:
     if gpus["named"]:  # the visible GPUs are the deployment's: their NUMA nodes, in local rank order
         spec["gpu_numa_nodes"] = gpus["numa_nodes"]
     argv = render_argv(spec, rank)
+    precompile = None
+    if spec.get("deepgemm_precompile"):
+        if spec["profile"] != "sglang":
+            raise PlanError(
+                f"engine_deepgemm_precompile is SGLang's (python -m sglang.compile_deep_gemm); engine_profile="
+                f"{spec['profile']} has no such step: set it to false"
+            )
+        skip = len(spec.get("command") or ["sglang", "serve"])
+        timeout = int(spec.get("start_timeout") or 3600)
+        precompile = compile_argv(str(spec.get("python") or "python3"), argv, skip, timeout)
     threads = spec.get("loader_threads") or None
     return {
         "argv": argv,
@@ -48,6 +59,7 @@ def node_plan(spec: Mapping, node_rank: int) -> dict[str, Any]:
         "ranks_per_node": rpn,
         "nnodes": nnodes,
         "gpus": gpus,
+        "precompile": precompile,
         "fanout": loader_fanout(
             spec["profile"], nnodes, rpn, int(threads) if threads else None, bool(spec.get("shared_storage"))
         ),

@@ -170,8 +170,9 @@ RULES = (
         re.compile(r"Entering DeepGEMM JIT Pre-Compile session"),
         "DeepGEMM kernels are compiled at start-up (no warm cache for this shape)",
         "start-up time: 'typically 10-20 mins' by SGLang's own message, on every node whose cache is cold",
-        "run `python3 -m sglang.compile_deep_gemm` with the server's arguments once per cache fingerprint; the engine "
-        "role keeps DeepGEMM's cache (~/.cache/deep_gemm) under engine_cache_root, keyed by fingerprint",
+        "engine_deepgemm_precompile: true (the unit runs `python3 -m sglang.compile_deep_gemm` with the server's "
+        "arguments once per cache fingerprint, before the engine); the engine role keeps DeepGEMM's cache under "
+        "engine_cache_root, keyed by fingerprint",
     ),
     # sglang/srt/arg_groups/attention_hook.py (0.5.23): "Cuda graph is disabled because of using torch native
     #   attention backend" / "... torch Flex Attention backend"
