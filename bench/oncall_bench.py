@@ -2,10 +2,10 @@
 """Benchmark: `llmfleet status` on 2, 4, 8, 16 lab nodes, beside plain Ansible asking the same nodes the same
 question (`ansible -m command -a 'systemctl show UNIT'`, become, cold SSH connections like the CLI's).
 
-Each node runs a unit `llmfleet-bench.service` (a transient `sleep infinity` unit: the probe reads its state,
-records and processes as it would an engine's). The operator is `ops` with `sudo -n`, as in every lab test.
-Every `llmfleet status` run is a cold one (the CLI keeps no connections between runs); `--runs` runs per
-size, medians. Runs on its own lab (name "bench", subnet 10.79.0).
+Each node runs a unit `llmfleet-bench.service` (a transient `python3 -m http.server` on the API port: the probe
+reads its state, records and processes as it would an engine's). The operator is `ops` with `sudo -n`, as in
+every lab test. Every `llmfleet status` run is a cold one (the CLI keeps no connections between runs);
+`--runs` runs per size, medians. Runs on its own lab (name "bench", subnet 10.79.0).
 
     .venv/bin/python bench/oncall_bench.py [--nodes 2 4 8 16] [--runs 3] [--out docs/bench-oncall.md]
 """
@@ -57,7 +57,9 @@ def measure(lab: Lab, n: int, runs: int, tmp: Path) -> dict:
     lab.down()
     lab.up(n)
     for i in range(1, n + 1):
-        lab.node(i).nsenter("systemd-run", "--unit", UNIT, "--quiet", "sleep", "infinity", check=True)
+        # A listener on the API port: `status` checks the head's port is open, as it is for a serving engine.
+        lab.node(i).nsenter("systemd-run", "--unit", UNIT, "--quiet", "python3", "-m", "http.server", "--bind",
+                            "127.0.0.1", "30000", check=True)  # fmt: skip
     inv = tmp / f"inv-{n}.json"
     inventory(lab, n, inv)
     walls, fans, slowest = [], [], []
