@@ -47,7 +47,7 @@ def add_arguments(p: Any) -> None:
 
 def run(args: Any) -> int:
     """Run CMD unless the stamp exists; its exit status, the stamp written only after exit 0."""
-    cmd = [c for c in args.cmd if c != "--"] if args.cmd[:1] == ["--"] else args.cmd
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd  # only the separator, never an argument of CMD
     if os.path.exists(args.stamp):
         print(f"llmfleet precompile: already done for this fingerprint ({args.stamp}); skipped", flush=True)
         return 0
