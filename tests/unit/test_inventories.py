@@ -35,3 +35,17 @@ def test_inventory_parses_without_warnings(tmp_path, name):
     assert cp.returncode == 0, cp.stderr
     assert "WARNING" not in cp.stderr, cp.stderr
     assert '"head"' in cp.stdout
+
+
+def test_real_engine_overlay_keeps_the_collective_timeout_above_a_slow_first_forward():
+    """vLLM applies --distributed-timeout-seconds to every Gloo collective, not only the rendezvous. The lab's
+    30 s (meant for the simulator's rendezvous tests) reached the real CPU engine through the group vars, and a
+    rank on the lab's shared cores that came to the first forward's all-reduce over 30 s late failed the
+    deployment with 'Timed out waiting 30000ms for recv operation' (CI, molecule bench, 2026-12-01)."""
+    import yaml
+
+    base = yaml.safe_load((ROOT / "inventory/lab/group_vars/all.yml").read_text())
+    overlay = yaml.safe_load((ROOT / "inventory/overlays/lab-vllm-cpu.yml").read_text())
+    timeout = {**base, **overlay}["engine_dist_timeout"]
+    # 0 = the engine's own default (PyTorch's 1800 s on Gloo); otherwise at least the gate's whole deadline.
+    assert timeout == 0 or timeout >= overlay["engine_ready_deadline"], timeout
