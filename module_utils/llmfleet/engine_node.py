@@ -26,15 +26,23 @@ KERNEL_LIBS = (
     "xformers",
     "nixl",
 )
+# torch's CUDA is read from torch/version.py, never by importing torch: the import took 3-4 s of every
+# converge on the lab (seconds more with CUDA libraries on a GPU node) for one string.
 _VERSIONS_PY = (
-    "import json, importlib.metadata as m\n"
+    "import ast, json, os, importlib.metadata as m, importlib.util as u\n"
     "v = {}\n"
     "for p in %r:\n"
     "    try: v[p] = m.version(p)\n"
     "    except Exception: pass\n"
     "cuda = None\n"
     "try:\n"
-    "    import torch; cuda = torch.version.cuda\n"
+    "    spec = u.find_spec('torch')\n"
+    "    with open(os.path.join(os.path.dirname(spec.origin), 'version.py')) as f:\n"
+    "        tree = ast.parse(f.read())\n"
+    "    for n in tree.body:\n"
+    "        t = n.targets[0] if isinstance(n, ast.Assign) else getattr(n, 'target', None)\n"
+    "        if getattr(t, 'id', None) == 'cuda' and n.value is not None:\n"
+    "            cuda = ast.literal_eval(n.value)\n"
     "except Exception: pass\n"
     "print(json.dumps({'versions': v, 'cuda': cuda}))\n"
 )
