@@ -14,7 +14,7 @@ description:
     C(--max_num_seqs), dotted keys (C(-cc.mode=none)), C(-O3) and unique prefixes; SGLang unique prefixes
     (C(--tp)); an ambiguous prefix (C(--enable-metric) where C(--enable-metrics) and
     C(--enable-metrics-for-all-schedulers) exist) is refused, as the engine refuses it.
-  - Read-only.
+  - Changes nothing but its help cache (I(cache_dir)).
 options:
   command:
     description: The engine command, e.g. C([sglang, serve]); the first I(command) words of I(argv) are not flags.
@@ -37,11 +37,23 @@ options:
     description: Seconds the help may take (real engines import torch first).
     type: float
     default: 300
+  cache_dir:
+    description:
+      - A root-owned directory (created 0700) where the help of this exact engine install is kept, so a
+        later run skips the engine's help (C(vllm serve --help=all) imports vLLM and torch, 20-30 s).
+      - A cached help counts only with I(cache_key), the command, the profile and the executable's inode, size
+        and mtime all unchanged, read from a directory and file no user but root can change; empty = no cache.
+    type: path
+    default: ""
+  cache_key:
+    description: What else identifies the engine install, e.g. the engine and kernel-library versions.
+    type: str
+    default: ""
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-    details: Read-only; runs the engine's help in check mode too.
+    details: Runs the engine's help in check mode too; reads the help cache then, never writes it.
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: none
@@ -64,6 +76,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+cached:
+  description: Whether the help came from I(cache_dir) instead of running the engine.
+  returned: always
+  type: bool
 known_flags:
   description: How many option strings the help lists.
   returned: always
@@ -90,6 +106,8 @@ def argument_spec() -> dict:
         "profile": {"type": "str", "choices": ["sglang", "vllm", "vllm_pd", "custom", "router"], "required": True},
         "argv": {"type": "list", "elements": "str", "required": True},
         "timeout": {"type": "float", "default": 300},
+        "cache_dir": {"type": "path", "default": ""},
+        "cache_key": {"type": "str", "default": ""},
     }
 
 
@@ -100,14 +118,23 @@ def build_module() -> AnsibleModule:
 def run(module: AnsibleModule) -> None:
     p = module.params
     try:
-        text = help_text(p["command"], p["profile"], p["timeout"])
+        text, cached = help_text(
+            p["command"],
+            p["profile"],
+            p["timeout"],
+            cache_dir=p["cache_dir"],
+            cache_key=p["cache_key"],
+            store=not module.check_mode,
+        )
     except PlanError as e:
-        module.fail_json(msg=str(e), unknown=[], known_flags=0)
+        module.fail_json(msg=str(e), unknown=[], known_flags=0, cached=False)
     problems = unknown_flags(p["argv"], text, p["profile"], skip=len(p["command"]))
     known = len(parse_help_flags(text, p["profile"]))
     if problems:
-        module.fail_json(msg=describe_unknown(problems, " ".join(p["command"])), unknown=problems, known_flags=known)
-    module.exit_json(changed=False, unknown=[], known_flags=known)
+        module.fail_json(
+            msg=describe_unknown(problems, " ".join(p["command"])), unknown=problems, known_flags=known, cached=cached
+        )
+    module.exit_json(changed=False, unknown=[], known_flags=known, cached=cached)
 
 
 def main() -> None:

@@ -11,7 +11,16 @@ import stat
 from typing import Any
 
 from .engine import HELP_ARGS, PlanError
-from .safefs import chown_fd, lstat_at, open_dir, rmtree_at, subdir
+from .safefs import (
+    UnsafePathError,
+    chown_fd,
+    lstat_at,
+    only_root_can_change,
+    open_dir,
+    rmtree_at,
+    subdir,
+    write_file_at,
+)
 
 KERNEL_LIBS = (
     "sglang",
@@ -188,7 +197,97 @@ def _collect_caches(root_fd: int, root: str, fp: str, keep: int, in_use: set[str
                 result["remove_failed"].append(f"{full}: {e.strerror or e}")
 
 
-def help_text(command: list[str], profile: str, timeout: float = 300) -> str:
+def help_cache_name(command: list[str], profile: str, key: str) -> str | None:
+    """The help cache's file name for this engine install: the command, the profile, the caller's key (the
+    engine and kernel-library versions) and the executable's identity (a reinstall over the same version
+    gets a new inode or mtime). None when the executable cannot be found (then the help runs and fails)."""
+    import hashlib
+    import os
+    import shutil
+
+    exe = shutil.which(command[0]) if command else None
+    if not exe:
+        return None
+    try:
+        st = os.stat(exe)
+    except OSError:
+        return None
+    ident = [list(command), profile, key, os.path.realpath(exe), st.st_ino, st.st_size, st.st_mtime_ns]
+    return "help-" + hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32] + ".txt"
+
+
+HELP_CACHE_KEEP = 8
+
+
+def _cached_help(cache_dir: str, name: str) -> str | None:
+    """The cached help, trusted only from a root-owned directory no one else can change and a root-owned
+    file no one else can write (root reads it to decide what a unit runs)."""
+    import os
+
+    try:
+        dfd = open_dir(cache_dir)
+    except (OSError, UnsafePathError):
+        return None
+    try:
+        if not only_root_can_change(os.fstat(dfd)):
+            return None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+                return None
+            text = f.read().decode(errors="replace")
+        return text if text.strip() else None
+    finally:
+        os.close(dfd)
+
+
+def _store_help(cache_dir: str, name: str, text: str) -> None:
+    """Keep the help for the next converge (best effort: a cache that cannot be written costs a rerun only)."""
+    import os
+
+    try:
+        dfd = open_dir(cache_dir, create_mode=0o700)
+    except (OSError, UnsafePathError):
+        return
+    try:
+        if not only_root_can_change(os.fstat(dfd)):
+            return
+        write_file_at(dfd, name, text.encode(), mode=0o644)
+        entries = []
+        for entry in os.listdir(dfd):
+            if entry.startswith("help-") and entry.endswith(".txt") and entry != name:
+                st = lstat_at(dfd, entry)
+                if st is not None:
+                    entries.append((st.st_mtime, entry))
+        for _, old in sorted(entries)[: max(0, len(entries) - (HELP_CACHE_KEEP - 1))]:
+            os.unlink(old, dir_fd=dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def help_text(
+    command: list[str],
+    profile: str,
+    timeout: float = 300,
+    *,
+    cache_dir: str = "",
+    cache_key: str = "",
+    store: bool = True,
+) -> tuple[str, bool]:
+    """(the engine's help, whether it came from the cache). With ``cache_dir`` the help of this exact engine
+    install is kept there (unless ``store`` is off: check mode reads it, never writes it): `vllm serve
+    --help=all` imports vLLM and torch, 20-30 s of every converge."""
+    name = help_cache_name(command, profile, cache_key) if cache_dir else None
+    if name:
+        text = _cached_help(cache_dir, name)
+        if text is not None:
+            return text, True
     rc, out = _run(list(command) + HELP_ARGS.get(profile, ["--help"]), timeout)
     if rc != 0 or not out.strip():
         raise PlanError(
@@ -199,4 +298,6 @@ def help_text(command: list[str], profile: str, timeout: float = 300) -> str:
                 else "check engine_command (the engine must be installed on the head)"
             )
         )
-    return out
+    if name and store:
+        _store_help(cache_dir, name, out)
+    return out, False

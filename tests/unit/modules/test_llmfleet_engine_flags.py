@@ -18,7 +18,7 @@ CMD = ["/opt/sglang/bin/sglang", "serve"]
 
 @pytest.fixture
 def helps(monkeypatch):
-    got = {"help_text": Recorder(SGLANG_HELP), "unknown_flags": Recorder(unknown_flags)}
+    got = {"help_text": Recorder((SGLANG_HELP, False)), "unknown_flags": Recorder(unknown_flags)}
     for name, rec in got.items():
         monkeypatch.setattr(mod, name, rec)
     return got
@@ -29,9 +29,11 @@ def test_options_become_the_help_call_and_the_check(helps, check):
     argv = [*CMD, "--model-path", "/m", "--tp-size", "8"]
     res = run(mod, {"command": CMD, "profile": "sglang", "argv": argv, "timeout": "60"}, check=check)
     assert helps["help_text"].args == (CMD, "sglang", 60.0)
+    # check mode reads the help cache, never writes it
+    assert helps["help_text"].kwargs == {"cache_dir": "", "cache_key": "", "store": not check}
     assert helps["unknown_flags"].args == (argv, SGLANG_HELP, "sglang")
     assert helps["unknown_flags"].kwargs == {"skip": 2}  # the command words are not flags
-    assert res == {"changed": False, "unknown": [], "known_flags": 560}
+    assert res == {"changed": False, "unknown": [], "known_flags": 560, "cached": False}
     assert not undocumented(mod, res)
 
 
@@ -48,6 +50,14 @@ def test_help_that_fails_is_a_failure_naming_the_command(monkeypatch):
     res = fail(mod, {"command": ["sglang", "serve"], "profile": "sglang", "argv": ["sglang", "serve"]})
     assert res["msg"].startswith("`sglang serve --help` failed (exit 127)")
     assert res["unknown"] == [] and res["known_flags"] == 0
+
+
+def test_the_cache_options_reach_the_help_call(helps):
+    args = {"command": CMD, "profile": "sglang", "argv": CMD, "cache_dir": "/var/lib/llmfleet/engine/help-cache",
+            "cache_key": '{"sglang": "0.5.23"}'}  # fmt: skip
+    run(mod, args)
+    kw = helps["help_text"].kwargs
+    assert (kw["cache_dir"], kw["cache_key"]) == ("/var/lib/llmfleet/engine/help-cache", '{"sglang": "0.5.23"}')
 
 
 BAD = [
