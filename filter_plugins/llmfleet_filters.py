@@ -66,6 +66,13 @@ def llmfleet_gpu_set(gpus: list, gpus_per_node: int, topo_gpus: list, ranks_per_
         raise AnsibleFilterError(str(e)) from e
 
 
+def llmfleet_gpu_claim(deployment: str, gpu_set: Mapping, ports: Mapping) -> dict:
+    """What a deployment holds on a node: its GPUs ('all' when it names none) and its TCP ports (0 = none)."""
+    from llmfleet.gpuset import claim
+
+    return claim(str(deployment), dict(gpu_set), dict(ports))
+
+
 def llmfleet_gpu_claim_conflicts(mine: Mapping, others: list) -> list:
     """What this deployment's claim on a node (GPUs, ports) shares with the other deployments' claims there."""
     from llmfleet.gpuset import conflicts
@@ -201,6 +208,7 @@ class FilterModule:
             "llmfleet_layout_error": llmfleet_layout_error,
             "llmfleet_gpu_set_error": llmfleet_gpu_set_error,
             "llmfleet_gpu_set": llmfleet_gpu_set,
+            "llmfleet_gpu_claim": llmfleet_gpu_claim,
             "llmfleet_gpu_claim_conflicts": llmfleet_gpu_claim_conflicts,
             "llmfleet_pair_rounds": llmfleet_pair_rounds,
             "llmfleet_pick": llmfleet_pick,

@@ -4,6 +4,7 @@ from ansible.errors import AnsibleFilterError
 from llmfleet.nccl_verdict import fleet_verdict
 from llmfleet.plan import node_plan, router_plan
 from llmfleet_filters import (
+    llmfleet_gpu_claim,
     FilterModule,
     llmfleet_duplicates,
     llmfleet_engine_plan,
@@ -47,6 +48,7 @@ def test_every_filter_name_is_registered():
         "llmfleet_engine_plan",
         "llmfleet_engine_record",
         "llmfleet_gate_groups",
+        "llmfleet_gpu_claim",
         "llmfleet_gpu_claim_conflicts",
         "llmfleet_gpu_model",
         "llmfleet_gpu_set",
@@ -138,3 +140,9 @@ def test_layout_error_is_the_engine_plans_rule(tp, pp, nnodes, gpus, text):
         from llmfleet.engine import check_layout
 
         assert check_layout(tp, pp, nnodes, gpus) == tp * pp // nnodes
+
+
+def test_gpu_claim_is_gpuset_claim_for_jinja():
+    got = llmfleet_gpu_claim("demo", {"named": True, "indexes": [2, 3]}, {"api": "30000", "dist": 0, "link": 50082})
+    assert got == {"deployment": "demo", "gpus": [2, 3], "ports": {"api": 30000, "link": 50082}}
+    assert llmfleet_gpu_claim("demo", {"named": False, "indexes": [0, 1]}, {})["gpus"] == "all"
