@@ -4,10 +4,10 @@ from ansible.errors import AnsibleFilterError
 from llmfleet.nccl_verdict import fleet_verdict
 from llmfleet.plan import node_plan, router_plan
 from llmfleet_filters import (
-    llmfleet_gpu_claim,
     FilterModule,
     llmfleet_duplicates,
     llmfleet_engine_plan,
+    llmfleet_gpu_claim,
     llmfleet_layout_error,
     llmfleet_nccl_verdict,
     llmfleet_node_order,
