@@ -185,11 +185,14 @@ class Client:
                 conn.close()
             except (OSError, http.client.HTTPException) as e:
                 box["error"] = _transport_error(e)
+                box["hung"] = isinstance(e, socket.timeout)
             finally:
                 done.set()
 
         threading.Thread(target=work, daemon=True, name="accept-http").start()
-        if not done.wait(limit):
+        # The socket's own timeout (the same limit, per operation) may end the request first when this thread
+        # wakes late on a loaded host: a hang reads the same whichever deadline noticed it.
+        if not done.wait(limit) or box.get("hung"):
             _abort(box.get("sock"))
             waited = time.monotonic() - t0
             return Reply(0, None, f"no answer within {waited:.1f} s (the request hung; limit {limit:g} s)", waited)

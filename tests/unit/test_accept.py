@@ -10,7 +10,9 @@ import argparse
 import json
 import os
 import socket
+import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -193,6 +195,23 @@ def test_a_server_that_never_answers_fails_the_first_gate_in_its_timeout_and_ask
     assert m["verdict"] == "fail" and "no answer within 0.5" in m["why"] and "hung" in m["why"], m["why"]
     assert {c["verdict"] for c in rep["checks"][1:]} == {"skipped"}
     assert all(c["why"].startswith("not asked: /v1/models failed") for c in rep["checks"][1:])
+
+
+def test_a_hang_the_socket_timeout_notices_first_reads_the_same(monkeypatch):
+    """On a loaded host the waiting thread can wake after the socket's own timeout (the same limit) ended the
+    request: that is a hang too, not a bare 'timed out' (CI flake of the test above, 2026-12-02)."""
+
+    class LateEvent(threading.Event):
+        def wait(self, timeout=None):
+            return super().wait(None if timeout is None else timeout * 4)
+
+    # accept_http's own view of threading only: the fake server keeps the real Event.
+    late = types.SimpleNamespace(**{k: getattr(threading, k) for k in dir(threading) if not k.startswith("__")})
+    late.Event = LateEvent
+    monkeypatch.setattr(accept_http, "threading", late)
+    rep = run_fake(faults={"hang"}, prof=profile(timeout_s=0.5))
+    m = check(rep, "models")
+    assert m["verdict"] == "fail" and "no answer within" in m["why"] and "hung" in m["why"], m["why"]
 
 
 def test_nothing_listening_is_connection_refused_and_exit_1(capsys):
