@@ -75,9 +75,9 @@ def staged(tmp_path, node="node", rev=REV_A):
     return mdir
 
 
-def play(tmp_path, **extra):
+def play(tmp_path, playbook=PLAY, **extra):
     extra.setdefault("engine_model_path", str(staged(tmp_path) / "current"))
-    (tmp_path / "play.yml").write_text(PLAY)
+    (tmp_path / "play.yml").write_text(playbook)
     # localhost as the fleet's one node and head: the fleet contract (a dependency of the role) checks that.
     (tmp_path / "inventory.yml").write_text(
         "all: {children: {llmfleet_nodes: {children: {head: {hosts: {localhost: {llmfleet_fabric_ip: 127.0.0.1}}}}}}}\n"
@@ -545,3 +545,48 @@ def test_a_model_path_missing_on_a_node_is_named(tmp_path):
     assert f"{tmp_path}/models/{{{{ inventory_hostname }}}}/m/current does not exist on pd2" in out or (
         "does not exist on pd2: stage the model there first" in out
     ), out[-3000:]
+
+
+# A standalone engine.yml run: nothing has discovered the topology yet, so the plan's own topology include must
+# come before the command line is rendered (it once came after, and the NUMA flags were rendered without facts).
+PLAN_ALONE = """
+- name: The engine plan with no topology discovered yet
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Plan (the role's first tasks)
+      ansible.builtin.include_role:
+        name: engine
+        tasks_from: 0010-plan.yml
+        public: true
+
+    - name: The command line
+      ansible.builtin.copy:
+        content: "{{ _engine_plan.argv | to_json }}"
+        dest: "{{ out_dir }}/argv.json"
+        mode: "0644"
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the topology role writes fabric.env as root")
+def test_a_standalone_plan_binds_numa_from_the_topology_it_discovers_first(tmp_path):
+    from tests.helpers.fakesys import FakeSys
+
+    # 8 GPUs, 0-3 on NUMA node 0 and 4-7 on node 1, no HCA (the socket fallback); the fabric IP is localhost's
+    # own (the module reads addresses from the host, interfaces from the fake sysfs).
+    fs = FakeSys(tmp_path / "sys")
+    for numa in (0, 1):
+        fs.numa(numa, f"{numa * 8}-{numa * 8 + 7}")
+    for g in range(8):
+        numa, bus = g // 4, 0x17 + g * 0x10
+        rc, rp = f"pci0000:{bus - 2:02x}", f"0000:{bus - 2:02x}:01.0"
+        fs.gpu([rc, rp, f"0000:{bus:02x}:00.0"], numa, f"{numa * 8}-{numa * 8 + 7}")
+    fs.netdev("lo", None, mac="00:00:00:00:00:00")
+    rc, out, _ = play(tmp_path, playbook=PLAN_ALONE, engine_profile="sglang", llmfleet_tp_size=8,
+                      topology_sysfs_root=str(tmp_path / "sys"), topology_use_nvml=False,
+                      llmfleet_fabric_env=str(tmp_path / "etc/fabric.env"),
+                      llmfleet_report_dir=str(tmp_path / "reports"))  # fmt: skip
+    assert rc == 0, out[-3000:]
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    i = argv.index("--numa-node")
+    assert argv[i + 1 : i + 9] == ["0", "0", "0", "0", "1", "1", "1", "1"], argv
