@@ -10,8 +10,10 @@ DOCUMENTATION = r"""
 module: llmfleet_job_wait
 short_description: Wait for an async llmfleet job, printing progress instead of retries
 description:
-  - Polls the async job I(jid) with C(async_status) until it has finished, then cleans up its async status file
-    and returns the job's own result (without the async bookkeeping keys).
+  - Polls the async job I(jid) until it has finished, then cleans up its async status file and returns the job's
+    own result (without the async bookkeeping keys). While the job runs each poll is a shell C(cat) of its status
+    file (and of the progress file), read as C(async_status) reads it; the C(async_status) module, a Python start-up
+    on the node, runs only once the job has ended.
   - While the job runs, prints one line per node every I(interval) seconds - from the job's progress JSON on
     the node when I(progress_path) is given (staging - bytes done / total, rate, shared storage vs peers; the
     engine gate - each node's unit and start-up phase, the API), else how long it has been running. No

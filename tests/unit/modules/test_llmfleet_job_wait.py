@@ -1,7 +1,7 @@
-"""llmfleet_job_wait (an action plugin; library/ holds its doc stub): options -> the async_status and slurp
-calls it makes on the node, progress lines while the job runs, the job's result at the end."""
+"""llmfleet_job_wait (an action plugin; library/ holds its doc stub): options -> what it reads on the node (the
+job's status file and the progress file with `cat`, async_status only once the job ended), progress lines while
+the job runs, the job's result at the end."""
 
-import base64
 import importlib.util
 import json
 import time
@@ -22,23 +22,34 @@ DONE = {"finished": 1, "ansible_job_id": "j1", "results_file": "/r", "started": 
 
 
 def plugin(monkeypatch, args, statuses, progress=None, clock=time.monotonic):
-    """The action with a fake node: async_status answers `statuses` in turn; slurp reads `progress`."""
+    """The action with a fake node: each poll `cat`s the job file, which holds `statuses` in turn (a dict, or raw
+    text); async_status answers with the status that ended the job; `cat` of the progress file reads `progress`."""
     task = SimpleNamespace(args=args, async_val=0, check_mode=False, action="llmfleet_job_wait")
     conn = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/tmp/x"))
     am = action.ActionModule(task, conn, play_context=None, loader=None, templar=None)
     am._load_name = "llmfleet_job_wait"
     calls, lines = [], []
     answers = iter(statuses)
+    seen = {}
 
     def execute(module_name, module_args, task_vars):
         calls.append((module_name, module_args))
-        if module_name == "ansible.legacy.async_status":
-            return dict(next(answers)) if module_args["mode"] == "status" else {"erased": "/r"}
+        assert module_name == "ansible.legacy.async_status"
+        return dict(seen["status"]) if module_args["mode"] == "status" else {"erased": "/r"}
+
+    def shell(cmd, sudoable=False):
+        calls.append(("cat", cmd))
+        assert sudoable  # as the task's become user, like the modules it replaces
+        if cmd.startswith("cat -- /home/ops/.ansible_async/"):
+            st = seen["status"] = next(answers)
+            text = st if isinstance(st, str) else json.dumps({"started": 1, **st})
+            return {"rc": 0, "stdout": text}
         if progress is None:
-            return {"failed": True, "msg": "file not found"}
-        return {"content": base64.b64encode(json.dumps(progress).encode()).decode()}
+            return {"rc": 1, "stdout": "", "stderr": "cat: no such file"}
+        return {"rc": 0, "stdout": json.dumps(progress)}
 
     monkeypatch.setattr(am, "_execute_module", execute)
+    monkeypatch.setattr(am, "_low_level_execute_command", shell)
     monkeypatch.setattr(am, "_remote_expand_user", lambda p: p.replace("~", "/home/ops"))
     monkeypatch.setattr(am, "get_shell_option", lambda name, default=None: default)
     # The plugin's own clock (not the time module everyone shares): sleeping is recorded, not done.
@@ -56,9 +67,10 @@ def test_options_become_the_node_calls_and_the_result_is_the_jobs(monkeypatch):
     res = am.run(task_vars={"inventory_hostname": "node1"})
     status = {"jid": "j1", "mode": "status", "_async_dir": "/home/ops/.ansible_async"}
     assert calls == [
-        ("ansible.legacy.async_status", status),
-        ("ansible.legacy.slurp", {"src": "/var/lib/llmfleet/p.json"}),
+        ("cat", "cat -- /home/ops/.ansible_async/j1"),  # running: no module run on the node
+        ("cat", "cat -- /var/lib/llmfleet/p.json"),
         ("sleep", 0.5),  # the first seconds: every half second
+        ("cat", "cat -- /home/ops/.ansible_async/j1"),  # finished: async_status reads the result, then cleans up
         ("ansible.legacy.async_status", status),
         ("ansible.legacy.async_status", {**status, "mode": "cleanup"}),
     ]
@@ -104,7 +116,7 @@ def test_a_job_without_progress_file_says_how_long_it_runs_and_never_reads_a_fil
     res = am.run(task_vars={"inventory_hostname": "node2"})
     # The first poll (3 s) is inside the first interval: quiet. The second (12 s) says it runs.
     assert lines == ["node2: the full NCCL world: running for 12 s (at most 660 s)"]
-    assert not [c for c in calls if c[0] == "ansible.legacy.slurp"]
+    assert not [c for c in calls if c[0] == "cat" and "ansible_async" not in c[1]]
     assert res == {"ok": True}
 
 
@@ -127,3 +139,34 @@ def test_polls_fast_for_the_first_seconds_then_every_poll(monkeypatch):
                                [{"finished": 0}, {"finished": 0}, {"finished": 1}], clock=lambda: next(ticks))  # fmt: skip
     am.run(task_vars={"inventory_hostname": "node1"})
     assert [c[1] for c in calls if c[0] == "sleep"] == [0.5, 2]
+
+
+@pytest.mark.parametrize(
+    ("text", "running"),
+    [
+        ("", True),  # the job file exists but is not written yet
+        ('{"started": 1, "fini', True),  # half-written
+        ('{"started": 1, "finished": 0, "ansible_job_id": "j1"}', True),
+        ('{"started": 1, "finished": 1, "rc": 0}', False),
+        ('{"changed": true, "rc": 0}', False),  # the module's result without the bookkeeping keys
+        (None, False),  # no such job file: async_status says why
+    ],
+)
+def test_the_job_file_is_read_as_async_status_reads_it(text, running):
+    assert action.ActionModule._still_running(text) is running
+
+
+def test_a_missing_job_file_is_async_statuss_failure(monkeypatch):
+    am, calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x"}, [{"finished": 1, "failed": True,
+                                                                        "msg": "could not find job"}])  # fmt: skip
+    res = am.run(task_vars={"inventory_hostname": "node1"})
+    assert res["failed"] and res["msg"] == "could not find job"
+    assert [c[0] for c in calls] == ["cat", "ansible.legacy.async_status", "ansible.legacy.async_status"]
+
+
+def test_a_paths_shell_characters_are_quoted(monkeypatch):
+    am, calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x", "progress": "gate",
+                                             "progress_path": "/tmp/a b;rm -rf x/gate.json"},
+                               [{"finished": 0}, {"finished": 1}], {"elapsed_s": 1})  # fmt: skip
+    am.run(task_vars={"inventory_hostname": "node1"})
+    assert ("cat", "cat -- '/tmp/a b;rm -rf x/gate.json'") in calls
