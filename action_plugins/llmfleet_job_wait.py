@@ -59,10 +59,12 @@ class ActionModule(ActionBase):
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
         start = time.monotonic()
         deadline = start + args["timeout"]
-        # Poll often (a finished job is seen within `poll`), speak every `interval`: a job with a progress file
-        # at once, one without only once it has run a whole interval (a quick job prints nothing).
-        next_line = start if args["progress_path"] else start + args["interval"]
-        last = None
+        # Poll often (a finished job is seen within `poll`), speak every `interval`. A job with a progress file
+        # speaks as soon as that file exists (read at every poll until then), a job without one only once it has
+        # run a whole interval (a quick job prints nothing). A job that ends before its progress was ever shown
+        # gets its last progress line: the person always sees where each node ended, however quick the job.
+        next_line = start + args["interval"]
+        last, shown = None, False
         job_file = f"{async_dir.rstrip('/')}/{args['jid']}"
         while True:
             # A shell `cat` of the job's status file, not an async_status module run: a module costs a Python
@@ -77,6 +79,10 @@ class ActionModule(ActionBase):
                     task_vars=task_vars,
                 )
             if st.get("finished"):
+                if args["progress_path"] and not shown:
+                    line = _line(args["progress"], self._progress(args["progress_path"], last), host)
+                    if line:
+                        display.display(line)
                 self._execute_module(
                     module_name="ansible.legacy.async_status",
                     module_args={"jid": args["jid"], "mode": "cleanup", "_async_dir": async_dir},
@@ -86,17 +92,15 @@ class ActionModule(ActionBase):
                     st.pop(k, None)
                 return st
             now = time.monotonic()
-            line = None
-            if now >= next_line and args["progress_path"]:
+            if args["progress_path"] and (now >= next_line or not shown):
                 last = self._progress(args["progress_path"], last)
-            if now >= next_line:
+            line = _line(args["progress"], last, host)
+            if line and (now >= next_line or not shown):
+                display.display(line)
+                shown, next_line = True, now + args["interval"]
+            elif now >= next_line:
+                display.display(f"{host}: {args['what']}: running for {now - start:.0f} s (at most {args['timeout']} s)")
                 next_line = now + args["interval"]
-                line = _line(args["progress"], last, host)
-                if line:
-                    display.display(line)
-                else:
-                    running = f"running for {now - start:.0f} s (at most {args['timeout']} s)"
-                    display.display(f"{host}: {args['what']}: {running}")
             if now > deadline:
                 seen = _line(args["progress"], last, host) or "none"
                 hint = f" {args['timeout_hint']}" if args["timeout_hint"] else ""

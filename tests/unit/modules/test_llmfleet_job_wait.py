@@ -170,3 +170,40 @@ def test_a_paths_shell_characters_are_quoted(monkeypatch):
                                [{"finished": 0}, {"finished": 1}], {"elapsed_s": 1})  # fmt: skip
     am.run(task_vars={"inventory_hostname": "node1"})
     assert ("cat", "cat -- '/tmp/a b;rm -rf x/gate.json'") in calls
+
+
+GATE = {"elapsed_s": 0.4, "deadline_s": 260, "api": None,
+        "units": [{"name": "node1", "unit": "active", "phase": "serving", "failed": None},
+                  {"name": "node2", "unit": "active", "phase": "warm", "failed": None}]}  # fmt: skip
+
+
+def test_a_progress_file_not_there_yet_is_awaited_not_replaced_by_running_for_0_s(monkeypatch):
+    # CI 2026-12-02: the first poll came before the gate's first progress write and printed "running for 0 s";
+    # the next line was due an interval later, after the gate had ended: no progress line at all.
+    reads = iter([None, GATE])
+    ticks = iter([0.0, 0.0, 0.5, 1.0])
+    am, calls, lines = plugin(monkeypatch, {"jid": "j1", "what": "engine readiness gate", "progress": "gate",
+                                             "progress_path": "/tmp/g/gate-0.json", "interval": 5},
+                              [{"finished": 0}, {"finished": 0}, {"finished": 1, "ready": True}], GATE,
+                              clock=lambda: next(ticks))  # fmt: skip
+    shell = am._low_level_execute_command
+
+    def first_missing(cmd, sudoable=False):
+        if "gate-0.json" in cmd:
+            calls.append(("cat", cmd))
+            text = next(reads)
+            return {"rc": 1, "stdout": ""} if text is None else {"rc": 0, "stdout": json.dumps(text)}
+        return shell(cmd, sudoable)
+
+    monkeypatch.setattr(am, "_low_level_execute_command", first_missing)
+    assert am.run(task_vars={"inventory_hostname": "node1"}) == {"ready": True}
+    assert lines == ["engine gate 0/260 s: node1 active (serving), node2 active (warm)"]
+
+
+def test_a_job_that_ends_before_its_progress_was_shown_prints_its_last_progress(monkeypatch):
+    am, calls, lines = plugin(monkeypatch, {"jid": "j1", "what": "engine readiness gate", "progress": "gate",
+                                             "progress_path": "/tmp/g/gate-0.json"},
+                              [{"finished": 1, "ready": True}], GATE)  # fmt: skip
+    assert am.run(task_vars={"inventory_hostname": "node1"}) == {"ready": True}
+    assert lines == ["engine gate 0/260 s: node1 active (serving), node2 active (warm)"]
+    assert ("cat", "cat -- /tmp/g/gate-0.json") in calls
