@@ -49,3 +49,16 @@ def test_real_engine_overlay_keeps_the_collective_timeout_above_a_slow_first_for
     timeout = {**base, **overlay}["engine_dist_timeout"]
     # 0 = the engine's own default (PyTorch's 1800 s on Gloo); otherwise at least the gate's whole deadline.
     assert timeout == 0 or timeout >= overlay["engine_ready_deadline"], timeout
+
+
+def test_real_engine_overlay_gives_each_nodes_rank_its_own_core():
+    """Both lab nodes see the machine's 2 cores; vLLM's default binding (auto) reserved one and bound both
+    nodes' ranks to core 0, so the two-node TP2 engine ran on one core while the other idled."""
+    import jinja2
+    import yaml
+
+    overlay = yaml.safe_load((ROOT / "inventory/overlays/lab-vllm-cpu.yml").read_text())
+    bind = overlay["engine_env"].get("VLLM_CPU_OMP_THREADS_BIND")
+    assert bind, "the overlay leaves the binding to vLLM (auto: core 0 on every lab node)"
+    cores = [jinja2.Environment().from_string(bind).render(engine_node_rank=str(r)) for r in (0, 1)]
+    assert cores == ["0", "1"], cores
