@@ -95,20 +95,6 @@ def test_second_converge_restarts_nothing(prepared):
     assert {n: unit(lab, n, "InvocationID") for n in NODES} == before
 
 
-def test_api_key_stays_out_of_argv_unit_and_logs(prepared):
-    lab = prepared
-    key = "sk-llmfleet-test-0123456789"
-    cp = engine("-e", f"llmfleet_api_key={key}", check=True)
-    assert key not in cp.stdout + cp.stderr
-    for n in NODES:
-        text = ssh(lab, n, f"cat /etc/systemd/system/{UNIT}; ps -eo args; journalctl -u {UNIT} --no-pager").stdout
-        assert key not in text, n
-    assert ssh(lab, "node1", "stat -c %a /etc/llmfleet/credentials/demo.api-key").stdout.strip() == "600"
-    with pytest.raises(urllib.error.HTTPError, match="401"):
-        ask()
-    engine(check=True)  # back to no key (restarts: the credential is gone)
-
-
 def test_an_unknown_engine_flag_fails_before_anything_starts(prepared):
     lab = prepared
     before = ssh(lab, "node1", f"cat /etc/systemd/system/{UNIT}").stdout
@@ -276,13 +262,6 @@ def test_oncall_commands_find_the_first_failure_and_stop_leaves_nothing(prepared
     assert ask(port=8000) == "703"
 
 
-def test_the_root_login_still_works(prepared):
-    """One variable connects as root without become (what the lab did before it had an operator)."""
-    cp = engine("-e", "lab_operator=root")
-    assert cp.returncode == 0, cp.stdout[-4000:]
-    assert ask() == "703"
-
-
 def test_a_node_the_gate_cannot_reach_fails_it_within_the_bound(prepared):
     """SSH to node2 dies while the engine loads: the gate names node2 and the SSH error after
     engine_ready_unreachable_after, not after the 300 s deadline; the head is still stopped."""
@@ -314,30 +293,41 @@ def test_a_node_the_gate_cannot_reach_fails_it_within_the_bound(prepared):
     assert_all_stopped(lab)
 
 
-def test_other_secrets_go_through_credentials_and_an_open_api_is_loud(prepared):
+def test_secrets_go_through_credentials_never_argv_units_or_logs_and_an_open_api_is_loud(prepared):
+    """The API key and engine_secret_env reach the engine as root-only credentials (LoadCredential=), never in
+    argv, the unit, the env files, the journal or the play output; an API without a key is a warning (an error
+    with engine_require_api_key), and dropping a secret removes its credential. One converge with both secrets,
+    one refused, one without (each converge costs the suite about a minute)."""
     lab = prepared
+    key = "sk-llmfleet-test-0123456789"
     token = "hf-lab-0123456789abcdef"  # noqa: S105 (a test secret)
-    cp = engine("-e", json.dumps({"engine_secret_env": {"HF_TOKEN": token}}))
+    cp = engine("-e", json.dumps({"llmfleet_api_key": key, "engine_secret_env": {"HF_TOKEN": token}}))
     assert cp.returncode == 0, cp.stdout[-4000:]
-    # No key and the API on 0.0.0.0: a warning in the play output.
-    assert re.search(r"WARNING: node1 serves the \w+ API of demo on", cp.stdout), cp.stdout[-3000:]
-    assert token not in cp.stdout + cp.stderr
+    assert key not in cp.stdout + cp.stderr and token not in cp.stdout + cp.stderr
+    assert not re.search(r"WARNING: node1 serves the \w+ API of demo on", cp.stdout), cp.stdout[-3000:]
     cred = "/etc/llmfleet/credentials/demo.env-HF_TOKEN"
     assert ssh(lab, "node1", f"stat -c '%U %a' {cred}").stdout.split() == ["root", "600"]
+    assert ssh(lab, "node1", "stat -c '%U %a' /etc/llmfleet/credentials/demo.api-key").stdout.split() == ["root", "600"]
     env = ssh(lab, "node1", "for p in $(pgrep -f '[e]ngine_sim.py'); do tr '\\0' '\\n' < /proc/$p/environ; done").stdout
     assert f"HF_TOKEN={token}" in env  # the engine has it ...
-    for n in NODES:  # ... and it is nowhere else
+    for n in NODES:  # ... and neither secret is anywhere else
         text = ssh(lab, n, f"cat /etc/systemd/system/{UNIT} /etc/llmfleet/*.env; ps -eo args; "
                            f"journalctl -u {UNIT} --no-pager").stdout  # fmt: skip
-        assert token not in text, n
-    # A variable turns the warning into an error, before anything restarts.
+        assert key not in text and token not in text, n
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        ask()
+    # A variable turns the open-API warning into an error, before anything restarts.
     before = unit(lab, "node1", "InvocationID")
     cp = engine("-e", "engine_require_api_key=true")
     assert cp.returncode != 0 and "engine_require_api_key" in cp.stdout, cp.stdout[-3000:]
     assert unit(lab, "node1", "InvocationID") == before
-    cp = engine()  # dropping the secret removes its credential (and restarts)
+    # Without a key and on 0.0.0.0: a warning in the play output; the dropped secrets lose their credentials.
+    cp = engine()
     assert cp.returncode == 0, cp.stdout[-3000:]
-    assert ssh(lab, "node1", f"test -e {cred}", check=False).returncode == 1
+    assert re.search(r"WARNING: node1 serves the \w+ API of demo on", cp.stdout), cp.stdout[-3000:]
+    for gone in (cred, "/etc/llmfleet/credentials/demo.api-key"):
+        assert ssh(lab, "node1", f"test -e {gone}", check=False).returncode == 1, gone
+    assert ask() == "703"
 
 
 def test_a_planted_cache_symlink_is_never_followed(prepared):
@@ -355,7 +345,8 @@ def test_a_planted_cache_symlink_is_never_followed(prepared):
 
 def test_a_unit_at_its_start_limit_comes_back_on_the_next_converge(prepared):
     """After StartLimitBurst starts within StartLimitIntervalSec systemd refuses to start the unit
-    until `systemctl reset-failed`: re-running the play must bring it back."""
+    until `systemctl reset-failed`: re-running the play must bring it back. That converge logs in as root
+    without become (one variable, what the lab did before it had an operator): that login keeps working."""
     lab = prepared
     refused = "Start request repeated too quickly"
     deadline = time.monotonic() + 90
@@ -366,7 +357,7 @@ def test_a_unit_at_its_start_limit_comes_back_on_the_next_converge(prepared):
     # systemd 252 keeps the earlier Result (signal) when it refuses a start; the journal says why.
     assert unit(lab, "node2", "ActiveState") == "failed"
     assert refused in ssh(lab, "node2", f"journalctl -u {UNIT} -n 30 --no-pager").stdout
-    cp = engine()
+    cp = engine("-e", "lab_operator=root")
     assert cp.returncode == 0, cp.stdout[-4000:]
     assert "Clear the failed state" in cp.stdout
     assert ask() == "703"
