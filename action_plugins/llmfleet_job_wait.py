@@ -99,7 +99,8 @@ class ActionModule(ActionBase):
                 display.display(line)
                 shown, next_line = True, now + args["interval"]
             elif now >= next_line:
-                display.display(f"{host}: {args['what']}: running for {now - start:.0f} s (at most {args['timeout']} s)")
+                running = f"running for {now - start:.0f} s (at most {args['timeout']} s)"
+                display.display(f"{host}: {args['what']}: {running}")
                 next_line = now + args["interval"]
             if now > deadline:
                 seen = _line(args["progress"], last, host) or "none"
