@@ -39,10 +39,12 @@ help:
 	@echo "make test   - ruff, yamllint, ansible-lint, pytest (unit + lab integration), molecule (CI's roles; molecule-all: every role)"
 	@echo "make lab-up N=4 | lab-down | lab-status ; make bench"
 
+# Installed with uv where it can be had (pip's configuration passed on, .pyc compiled as pip does), else with
+# pip: tests/lab/install_vllm_cpu.sh --pip-install says how; docs/real-engine.md has the times.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,lab]'
+	tests/lab/install_vllm_cpu.sh --pip-install $(PY) --upgrade pip
+	tests/lab/install_vllm_cpu.sh --pip-install $(PY) -e '.[test,lab]'
 	touch $@
 
 install: $(VENV)/.installed system-deps
