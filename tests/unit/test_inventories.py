@@ -60,5 +60,5 @@ def test_real_engine_overlay_gives_each_nodes_rank_its_own_core():
     overlay = yaml.safe_load((ROOT / "inventory/overlays/lab-vllm-cpu.yml").read_text())
     bind = overlay["engine_env"].get("VLLM_CPU_OMP_THREADS_BIND")
     assert bind, "the overlay leaves the binding to vLLM (auto: core 0 on every lab node)"
-    cores = [jinja2.Environment().from_string(bind).render(engine_node_rank=str(r)) for r in (0, 1)]
+    cores = [jinja2.Environment(autoescape=True).from_string(bind).render(engine_node_rank=str(r)) for r in (0, 1)]
     assert cores == ["0", "1"], cores
