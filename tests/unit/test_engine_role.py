@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from llmfleet import engine
+from tests.helpers.once import once
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "engine"
@@ -150,8 +151,22 @@ def test_argument_validation_never_shows_the_key():
 # No key on every address
 
 
-def test_open_api_without_a_key_is_a_loud_warning(tmp_path):
-    rc, out, _ = play(tmp_path)
+@pytest.fixture(scope="module")
+def default_play(tmp_path_factory):
+    """play() with the base variables alone: one run (per test run) for the tests that read it."""
+    d, (rc, out) = once(tmp_path_factory, "engine-role-default-play", lambda d: play(d)[:2])
+    return rc, out, d
+
+
+@pytest.fixture(scope="module")
+def default_pd_play(tmp_path_factory):
+    """pd_play() with the P/D variables alone: one run (per test run) for the tests that read it."""
+    d, (rc, out) = once(tmp_path_factory, "engine-role-default-pd-play", lambda d: pd_play(d)[:2])
+    return rc, out, d
+
+
+def test_open_api_without_a_key_is_a_loud_warning(default_play):
+    rc, out, _ = default_play
     assert rc == 0, out[-3000:]
     assert "WARNING: localhost serves the sglang API of demo on 0.0.0.0:30000 with no llmfleet_api_key" in out
 
@@ -431,8 +446,8 @@ def pd_play(tmp_path, **extra):
     return cp.returncode, " ".join(out.split()), tmp_path
 
 
-def test_pd_roles_come_from_host_vars_and_each_instance_gets_its_side_channel(tmp_path):
-    rc, out, d = pd_play(tmp_path)
+def test_pd_roles_come_from_host_vars_and_each_instance_gets_its_side_channel(default_pd_play):
+    rc, out, d = default_pd_play
     assert rc == 0, out[-3000:]
     for host, kv_role in (("pd1", "kv_producer"), ("pd2", "kv_consumer")):
         argv = json.loads((d / f"{host}.argv.json").read_text())
@@ -505,17 +520,17 @@ def test_pd_plan_errors(tmp_path, extra, text):
     assert rc == 2 and text in out, out[-3000:]
 
 
-def test_pd_env_starts_with_a_copy_of_the_fabric_env(tmp_path):
+def test_pd_env_starts_with_a_copy_of_the_fabric_env(default_pd_play):
     """A node restarting alone must keep its peers' NCCL environment: the unit reads a copy, not fabric.env."""
-    rc, out, d = pd_play(tmp_path)
+    rc, out, d = default_pd_play
     assert rc == 0, out[-3000:]
     env = (d / "pd1.env").read_text()
     assert "\nNCCL_SOCKET_IFNAME=eth9\nNCCL_IB_GID_INDEX=3\n" in env and "WARNING: x" not in env
     assert env.index("NCCL_SOCKET_IFNAME") < env.index("LLMFLEET_DEPLOYMENT")  # the deployment's own values win
 
 
-def test_the_unit_loads_the_revision_directory_never_current(tmp_path):
-    rc, out, d = play(tmp_path)
+def test_the_unit_loads_the_revision_directory_never_current(default_play):
+    rc, out, d = default_play
     assert rc == 0, out[-3000:]
     _, unit = results(d)
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))

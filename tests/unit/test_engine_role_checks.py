@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_fit import glm_config, glm_tensors, write_headers
+from tests.unit.test_fit import GLM_REV, glm_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "llmfleet"
-REV = "c" * 40
+REV = GLM_REV
 PLAY = """
 - name: The engine role's plan and fit check on localhost
   hosts: all
@@ -55,11 +55,7 @@ PLAY = """
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """<root>/glm/<revision>/ with the checkpoint's headers, and current -> it (as model_stage leaves it)."""
-    mdir = tmp_path_factory.mktemp("models") / "glm"
-    c = glm_config()
-    write_headers(mdir / REV, c, glm_tensors(c), 16)
-    (mdir / "current").symlink_to(REV)
-    return mdir
+    return glm_checkpoint(tmp_path_factory)
 
 
 def play(tmp_path, model, *flags, **extra):

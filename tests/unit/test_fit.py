@@ -16,6 +16,7 @@ import pytest
 
 from llmfleet import fit
 from llmfleet.fit import GIB, MIB, FitError
+from tests.helpers.once import once
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 H20 = 97871 * MIB  # nvidia-smi memory.total of an H20 (MiB), as seen in public nvidia-smi captures of 8x H20 hosts
@@ -181,10 +182,24 @@ def write_headers(root: Path, config, tensors, shards):
     return root
 
 
+GLM_REV = "c" * 40
+
+
+def glm_checkpoint(tmp_path_factory) -> Path:
+    """<dir>/glm/<GLM_REV>/ with the GLM checkpoint's headers (16 shards, 119,028 tensors) and <dir>/glm/current -> it,
+    as model_stage leaves a model: written once per test run (1.5 s of CPU) for every module that reads it."""
+
+    def make(d):
+        c = glm_config()
+        write_headers(d / "glm" / GLM_REV, c, glm_tensors(c), 16)
+        (d / "glm" / "current").symlink_to(GLM_REV)
+
+    return once(tmp_path_factory, "glm-checkpoint", make)[0] / "glm"
+
+
 @pytest.fixture(scope="module")
 def glm(tmp_path_factory):
-    c = glm_config()
-    return fit.read_checkpoint(str(write_headers(tmp_path_factory.mktemp("ckpt") / "glm", c, glm_tensors(c), 16)))
+    return fit.read_checkpoint(str(glm_checkpoint(tmp_path_factory) / GLM_REV))
 
 
 @pytest.fixture(scope="module")

