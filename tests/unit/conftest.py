@@ -17,8 +17,10 @@ own temporary directory instead (PYTHONPYCACHEPREFIX), outside the tree, for eve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,26 @@ def pytest_configure(config):
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
         prefix = config._tmp_path_factory.getbasetemp() / "pycache"
         prefix.mkdir(exist_ok=True)
+        seed_bytecode_cache(str(prefix))
         del os.environ["PYTHONDONTWRITEBYTECODE"]
         os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = str(prefix)
         sys.dont_write_bytecode = False
+
+
+def seed_bytecode_cache(prefix: str) -> None:
+    """With a cache prefix Python reads bytecode from the prefix alone: link the standard library's and the
+    venv's own compiled files in (1 s of CPU), or each run would compile torch, ansible... again, in every process
+    that imports them before the first one has written them back."""
+    tag = f".{sys.implementation.cache_tag}.pyc"
+    paths = sysconfig.get_paths()
+    for root in {paths["stdlib"], paths["purelib"], paths["platlib"]}:
+        for cache, dirs, files in os.walk(root):
+            if os.path.basename(cache) != "__pycache__":
+                continue
+            dirs.clear()
+            mirror = prefix + os.path.dirname(cache)  # where Python looks: <prefix><source directory>/<name>
+            os.makedirs(mirror, exist_ok=True)
+            for name in files:
+                if name.endswith(tag):
+                    with contextlib.suppress(OSError):
+                        os.symlink(os.path.join(cache, name), os.path.join(mirror, name))
