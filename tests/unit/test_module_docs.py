@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.once import once
 from tests.unit.modules.util import ACTION_NAMES, LIBRARY, MODULES, ROOT, real_spec
 
 ANSIBLE_DOC = Path(sys.executable).parent / "ansible-doc"
@@ -36,15 +37,19 @@ def _ansible_doc(names: list[str]) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def docs() -> dict:
-    """ansible-doc's JSON of every module, from one run of the CLI (a second run per module only to name
-    the one it could not read: ansible-doc stops at the first)."""
+def _read_docs(_dir) -> dict:
     cp = _ansible_doc(MODULES)
     if cp.returncode != 0:
         bad = {n: r.stderr.strip() for n in MODULES if (r := _ansible_doc([n])).returncode != 0}
         pytest.fail("ansible-doc cannot read: " + ("; ".join(f"{n}: {e}" for n, e in bad.items()) or cp.stderr))
     return json.loads(cp.stdout)
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory) -> dict:
+    """ansible-doc's JSON of every module, from one run of the CLI per test run, whichever worker asks first
+    (a second run per module only to name the one it could not read: ansible-doc stops at the first)."""
+    return once(tmp_path_factory, "ansible-doc", _read_docs)[1]
 
 
 def option_mismatches(documented: dict, spec: dict, where: str = "") -> list[str]:
