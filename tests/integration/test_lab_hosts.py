@@ -69,3 +69,9 @@ def test_ansible_connects_as_the_operator_and_becomes_root(lab):
     # Root stays possible with one variable.
     root = run_ansible("ansible", "node1", "-m", "ansible.builtin.command", "-a", "id -un", "-e", "lab_operator=root")
     assert root.stdout.splitlines()[-1].strip() == "root", root.stdout
+    # The node's system Python kept the bytecode of what those module runs imported from their AnsiballZ zips
+    # (tests/lab/zipcache.py), per user, in private directories.
+    cache = "~/.cache/llmfleet-lab-zipcache/*"
+    for user in ("ops", "root"):
+        out = ssh(lab, "node1", f"sudo -u {user} -H sh -c 'stat -c %a {cache} && ls {cache} | wc -l'").stdout.split()
+        assert out[0] == "700" and int(out[1]) > 10, (user, out)

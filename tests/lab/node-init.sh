@@ -102,6 +102,13 @@ MaxStartups 200:30:400
 MaxSessions 200
 EOF
 
+# Lab only: the node's system Python (the one Ansible runs modules with) keeps the bytecode of what it
+# imports from AnsiballZ zips (zipcache.py says why). Not the engine's venv, not the host.
+site_dir=$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])')
+install -d -m 0755 "$R$site_dir"
+install -m 0644 "$(dirname "$(readlink -f "$0")")/zipcache.py" "$R$site_dir/_llmfleet_lab_zipcache.py"
+echo "import _llmfleet_lab_zipcache" >"$R$site_dir/llmfleet-lab-zipcache.pth"
+
 # Units that must not run once per node (host services, timers, consoles, clock).
 for u in postgresql.service getty@tty1.service console-getty.service serial-getty@console.service \
   systemd-timesyncd.service systemd-pstore.service e2scrub_reap.service networking.service \
