@@ -8,6 +8,7 @@ stalled.
 
     python -m llmfleet.nccl_check rank --rank R --world W --master IP --port P [--backend nccl|gloo] ...
     python -m llmfleet.nccl_check local --nproc N ...   (N ranks of a single-node world on this host)
+    python -m llmfleet.nccl_check ranks --spec JSON      (several ranks, torch imported once: run_node_ranks)
 
 The module imports only the stdlib at load time (torch is imported inside the rank and passed to the
 pattern functions), so the same file works as ansible.module_utils.llmfleet.nccl_check. What the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import socket
@@ -102,6 +104,7 @@ class Pattern:
 
     def __init__(self, op: str, rank: int, world: int, n: int) -> None:
         self.op, self.rank, self.world, self.n = op, rank, world, n
+        self._expected: dict[Any, tuple[Any, Any]] = {}  # a one-chunk result's formula, kept for the next check
 
     def out_numel(self) -> int:
         return self.n * self.world if self.op == "all_gather" else self.n
@@ -132,23 +135,49 @@ class Pattern:
         src, idx = self.sources(torch, pos)
         return signature(torch, src, idx).to(dtype), src
 
+    def period(self) -> int:
+        """Output positions repeat their expected value after this many (within one source's block for
+        all_gather): the signature repeats every PERIOD indexes, all_reduce's owner every `world`."""
+        return PERIOD * self.world // math.gcd(PERIOD, self.world) if self.op == "all_reduce" else PERIOD
+
+    def expected_values(self, torch: Any, lo: int, hi: int, dtype: Any, device: Any) -> Any:
+        """expected()'s values at output positions lo..hi-1, computed by the formula for one period and
+        repeated (a copy, not the formula's integer arithmetic per element: 0.5 s per 4 M elements on a CPU)."""
+        parts, i = [torch.empty(0, dtype=dtype, device=device)] if hi <= lo else [], lo
+        while i < hi:
+            # all_gather: one source's block at a time (its period starts at the block); others: one run.
+            end = min(hi, (i // self.n + 1) * self.n) if self.op == "all_gather" else hi
+            m = min(self.period(), end - i)
+            base = self.expected(torch, torch.arange(i, i + m, device=device), dtype)[0]
+            reps = -(-(end - i) // m)
+            parts.append(base.repeat(reps)[: end - i] if reps > 1 else base)
+            i = end
+        return torch.cat(parts) if len(parts) != 1 else parts[0]
+
     def count_wrong(self, torch: Any, got: Any) -> tuple[int, dict[int, int], list]:
         """Compare every element of `got` (this rank's result) with the formula, CHUNK elements at a time:
         (wrong elements, {source rank: wrong elements carrying its data}, the first few wrong elements)."""
         total, wrong, per_src, first = got.numel(), 0, {}, []
         for lo in range(0, total, CHUNK):
-            pos = torch.arange(lo, min(total, lo + CHUNK), device=got.device)
-            exp, src = self.expected(torch, pos, got.dtype)
-            bad = got[lo : lo + pos.numel()] != exp
+            hi = min(total, lo + CHUNK)
+            key = (got.dtype, got.device)
+            if total > CHUNK or key not in self._expected:  # larger results: computed per chunk, never held
+                self._expected[key] = self.expected_values(torch, lo, hi, got.dtype, got.device)
+            exp = self._expected[key]
+            if total > CHUNK:
+                self._expected.clear()
+            bad = got[lo:hi] != exp
             c = int(bad.sum().item())
             if not c:
                 continue
             wrong += c
-            u, cnt = torch.unique(src[bad], return_counts=True)
+            pos = torch.arange(lo, hi, device=got.device)[bad]
+            src = self.sources(torch, pos)[0]
+            u, cnt = torch.unique(src, return_counts=True)
             for s, k in zip(u.tolist(), cnt.tolist()):
                 per_src[int(s)] = per_src.get(int(s), 0) + int(k)
-            for i in pos[bad][: 3 - len(first)].tolist():
-                first.append({"index": i, "from": int(src[i - lo].item()), "got": float(got[i].item()),
+            for i, s in zip(pos[: 3 - len(first)].tolist(), src[: 3 - len(first)].tolist()):
+                first.append({"index": i, "from": int(s), "got": float(got[i].item()),
                               "want": float(exp[i - lo].item())})  # fmt: skip
         return wrong, per_src, first
 
@@ -186,6 +215,10 @@ class Rank:
         self.torch, self.dist, self.a = torch, dist, a
         self.rank, self.world = a.rank, a.world
         self.gpu = a.backend == "nccl"
+        if not self.gpu:
+            # Gloo ranks share the host's cores: a compute thread per core in every rank oversubscribed them
+            # (8 lab ranks on 2 cores: 18 s per world instead of 10), and the check's arithmetic is small.
+            torch.set_num_threads(1)
         self.device = torch.device("cuda", a.local_rank) if self.gpu else torch.device("cpu")
         if self.gpu:
             torch.cuda.set_device(self.device)
@@ -561,15 +594,7 @@ def collect(procs: list[tuple[int, Any]], seconds: float) -> list[dict[str, Any]
             p.kill()
             so, se = p.communicate()
         wall = time.monotonic() - t0  # an upper bound for ranks collected after a slower one
-        line = next((ln for ln in reversed(so.splitlines()) if ln.startswith("{")), None)
-        res = (
-            json.loads(line)
-            if line
-            else {"rank": rank, "ok": False, "error": f"no result (exit {p.returncode}): {se[-400:]}"}
-        )
-        res["exit"] = p.returncode
-        res["wall_s"] = round(wall, 2)
-        out.append(res)
+        out.append(rank_result(rank, so, se, p.returncode, round(wall, 2)))
     return out
 
 
@@ -625,7 +650,23 @@ def main(argv: list[str] | None = None) -> int:
     lp.add_argument("--port", type=int, default=0)
     lp.add_argument("--compact", action="store_true")
     add_common(lp)
+    gp = sub.add_parser("ranks", help="several ranks of this host, torch imported once (one process each, forked)")
+    gp.add_argument("--spec", required=True, help="JSON list: each rank's arguments of the rank command")
     a = ap.parse_args(argv)
+    if a.cmd == "ranks":
+        try:
+            arg_lists = json.loads(a.spec)
+        except ValueError as e:
+            ap.error(f"--spec: not JSON: {e}")
+        if not isinstance(arg_lists, list) or not arg_lists or not all(isinstance(x, list) for x in arg_lists):
+            ap.error("--spec: a non-empty JSON list of argument lists (one per rank)")
+        return run_ranks([_checked(ap, ap.parse_args(["rank", *map(str, x)])) for x in arg_lists])
+    a = _checked(ap, a)
+    return run_rank(a) if a.cmd == "rank" else launch_local(a)
+
+
+def _checked(ap: argparse.ArgumentParser, a: argparse.Namespace) -> argparse.Namespace:
+    """Defaults that depend on the backend, and every refusal, before any rank starts."""
     if a.backend is None:
         a.backend = _default_backend()
     if a.sizes is None:
@@ -639,7 +680,74 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{flag} {world}: {why}")
     if a.cmd == "rank" and not 0 <= a.rank < world:
         ap.error(f"--rank {a.rank}: must be 0 to {world - 1} in a world of {world}")
-    return run_rank(a) if a.cmd == "rank" else launch_local(a)
+    return a
+
+
+def run_ranks(ranks: list[argparse.Namespace]) -> int:
+    """Several ranks of one host from one import of torch: each rank is a child forked after the import
+    (about 3 CPU-s per import on a lab node; a rank process of its own paid it once per rank and phase).
+    Forked before any collective, CUDA call or thread, so each child is as fresh as a rank started alone.
+    Prints one JSON list, a result per rank as collect() makes it; exits 0 when every rank passed."""
+    import tempfile
+
+    # Imported once here, inherited by every forked rank.
+    import torch.distributed  # noqa: F401
+
+    tmp = tempfile.mkdtemp(prefix="llmfleet-nccl-check-")  # private (0700): the ranks' outputs
+    kids: dict[int, tuple[argparse.Namespace, float]] = {}
+    for a in ranks:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the rank: its stdout/stderr to its own files, then run_rank, which ends with os._exit
+            try:
+                for fd, name in ((1, "out"), (2, "err")):
+                    f = os.open(os.path.join(tmp, f"{a.rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    os.dup2(f, fd)
+                    os.close(f)
+                run_rank(a)
+            finally:
+                os._exit(EXIT_ERROR)
+        kids[pid] = (a, time.monotonic())
+    # Each rank ends itself at its deadline (watchdog); this bound only catches a rank whose watchdog failed.
+    end = time.monotonic() + max(a.deadline for a in ranks) + 10
+    done: dict[int, dict[str, Any]] = {}
+    while kids:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            if time.monotonic() > end:
+                for p in kids:
+                    os.kill(p, 9)
+                end = float("inf")
+            time.sleep(0.05)
+            continue
+        a, t0 = kids.pop(pid)
+        done[a.rank] = {"exit": os.waitstatus_to_exitcode(status), "wall_s": round(time.monotonic() - t0, 2)}
+    out = []
+    for a in ranks:
+        texts = []
+        for name in ("out", "err"):
+            try:
+                with open(os.path.join(tmp, f"{a.rank}.{name}"), encoding="utf-8", errors="replace") as f:
+                    texts.append(f.read())
+                os.unlink(os.path.join(tmp, f"{a.rank}.{name}"))
+            except OSError:
+                texts.append("")
+        out.append({**rank_result(a.rank, texts[0], texts[1], **done[a.rank]), "forked_from": os.getpid()})
+    os.rmdir(tmp)
+    print(json.dumps(out), flush=True)
+    return 0 if all(r.get("ok") for r in out) else 1
+
+
+def rank_result(rank: int, stdout: str, stderr: str, exit: int | None, wall_s: float) -> dict[str, Any]:
+    """A rank's JSON line (its last), or what is known of it when it printed none."""
+    line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("{")), None)
+    res = (
+        json.loads(line) if line else {"rank": rank, "ok": False, "error": f"no result (exit {exit}): {stderr[-400:]}"}
+    )
+    res["exit"] = exit
+    res["wall_s"] = wall_s
+    return res
 
 
 def _default_backend() -> str:
@@ -672,16 +780,37 @@ def run_node_ranks(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Start this node's ranks of one world and wait for them (with a deadline).
 
     spec: python, world, master, port, ranks ([[global_rank, local_rank], ...]), env (dict),
-    args (list of extra rank args), deadline, pythonpath, delay_ranks ({rank: seconds}, fault injection)."""
+    args (list of extra rank args), deadline, pythonpath, delay_ranks ({rank: seconds}, fault injection).
+    One process per NUMA node of the ranks' GPUs (all of them when none is known) imports torch once and
+    forks its ranks (run_ranks), bound like engine ranks with numactl."""
     env = {**os.environ, **spec.get("env", {})}
     if spec.get("pythonpath"):
         env["PYTHONPATH"] = spec["pythonpath"] + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    procs = []
     numactl = shutil.which("numactl")
-    for rank, local in spec["ranks"]:
-        argv = rank_argv(spec, rank, local, numactl)
-        procs.append((rank, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)))
-    out = collect(procs, spec["deadline"] + 15)
+    procs = []
+    t0 = time.monotonic()
+    for numa, members in numa_groups(spec).items():
+        argv = group_argv(spec, members, numa, numactl)
+        # A session of its own: a group that outlives the deadline is killed with every rank it forked.
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)  # fmt: skip
+        procs.append((members, p))
+    out = []
+    end = t0 + spec["deadline"] + 45  # the ranks' deadline counts from their fork, after the import
+    for members, p in procs:
+        try:
+            so, se = p.communicate(timeout=max(1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            so, se = p.communicate()
+        line = next((ln for ln in reversed(so.splitlines()) if ln.startswith("[")), None)
+        try:
+            got = {int(r["rank"]): r for r in json.loads(line)} if line else {}
+        except (ValueError, KeyError, TypeError):
+            got = {}
+        wall = round(time.monotonic() - t0, 2)
+        for rank, _ in members:
+            out.append(got.get(rank) or rank_result(rank, "", se, p.returncode, wall))
     visible = [v for v in (spec.get("env") or {}).get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
     local_of = {int(r): int(lr) for r, lr in spec["ranks"]}
     for res in out:
@@ -692,6 +821,16 @@ def run_node_ranks(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def numa_groups(spec: dict[str, Any]) -> dict[int | None, list[tuple[int, int]]]:
+    """This node's [global, local] rank pairs by the NUMA node of their GPU (None: not known)."""
+    numa = spec.get("numa_nodes") or []
+    groups: dict[int | None, list[tuple[int, int]]] = {}
+    for rank, local in spec["ranks"]:
+        node = numa[int(local)] if int(local) < len(numa) else None
+        groups.setdefault(node, []).append((int(rank), int(local)))
+    return groups
+
+
 def visible_env(visible_devices: str) -> dict[str, str]:
     """The environment that puts local rank i on the i-th of a deployment's GPUs ({} = every GPU)."""
     if not visible_devices.strip():
@@ -699,21 +838,28 @@ def visible_env(visible_devices: str) -> dict[str, str]:
     return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible_devices.replace(" ", "")}
 
 
-def rank_argv(spec: dict[str, Any], rank: int, local: int, numactl: str | None) -> list[str]:
-    """The command of one rank; bound to its GPU's NUMA node (CPUs and memory) when the topology
-    gave one (spec['numa_nodes'][local]) and numactl is installed, as engines pin their ranks."""
-    argv = [spec["python"], "-m", "llmfleet.nccl_check", "rank", "--rank", str(rank), "--world", str(spec["world"]),
-            "--local-rank", str(local), "--master", spec["master"], "--port", str(spec["port"]),
-            "--deadline", str(spec["deadline"]), *spec.get("args", [])]  # fmt: skip
-    if "--timing" not in argv and len(spec.get("ranks") or []) < spec["world"]:
+def rank_args(spec: dict[str, Any], rank: int, local: int) -> list[str]:
+    """One rank's arguments of the rank command."""
+    args = ["--rank", str(rank), "--world", str(spec["world"]), "--local-rank", str(local), "--master", spec["master"],
+            "--port", str(spec["port"]), "--deadline", str(spec["deadline"]), *spec.get("args", [])]  # fmt: skip
+    if "--timing" not in args and len(spec.get("ranks") or []) < spec["world"]:
         # A world across nodes times eagerly: graph capture over host-staged transports can hang.
-        argv += ["--timing", "eager"]
+        args += ["--timing", "eager"]
     delay = (spec.get("delay_ranks") or {}).get(str(rank))
     if delay:
-        argv += ["--delay-start", str(delay)]
-    numa = spec.get("numa_nodes") or []
-    if numactl and local < len(numa) and numa[local] is not None:
-        argv = [numactl, f"--cpunodebind={numa[local]}", f"--membind={numa[local]}", *argv]
+        args += ["--delay-start", str(delay)]
+    return args
+
+
+def group_argv(
+    spec: dict[str, Any], members: list[tuple[int, int]], numa: int | None, numactl: str | None
+) -> list[str]:
+    """The command of one NUMA node's ranks; bound to that node (CPUs and memory) when the topology gave
+    it and numactl is installed, as engines pin their ranks."""
+    ranks = json.dumps([rank_args(spec, rank, local) for rank, local in members])
+    argv = [spec["python"], "-m", "llmfleet.nccl_check", "ranks", "--spec", ranks]
+    if numactl and numa is not None:
+        argv = [numactl, f"--cpunodebind={numa}", f"--membind={numa}", *argv]
     return argv
 
 

@@ -88,13 +88,22 @@ def test_a_rank_that_never_arrives_is_named_without_hanging():
 
 def test_ranks_are_bound_to_their_gpus_numa_node_when_known():
     spec = {"python": "/py", "world": 16, "master": "10.0.0.1", "port": 29600, "deadline": 60, "args": ["--backend", "nccl"],
-            "numa_nodes": [0, 0, 0, 0, 1, 1, 1, 1]}  # fmt: skip
-    argv = nccl_check.rank_argv(spec, 13, 5, "/usr/bin/numactl")
+            "numa_nodes": [0, 0, 0, 0, 1, 1, 1, 1], "ranks": [[8 + i, i] for i in range(8)]}  # fmt: skip
+    # One process per NUMA node imports torch once and forks that node's ranks.
+    groups = nccl_check.numa_groups(spec)
+    assert groups == {0: [(8, 0), (9, 1), (10, 2), (11, 3)], 1: [(12, 4), (13, 5), (14, 6), (15, 7)]}
+    argv = nccl_check.group_argv(spec, groups[1], 1, "/usr/bin/numactl")
     assert argv[:3] == ["/usr/bin/numactl", "--cpunodebind=1", "--membind=1"]
-    assert argv[3:9] == ["/py", "-m", "llmfleet.nccl_check", "rank", "--rank", "13"]
-    assert nccl_check.rank_argv(spec, 13, 5, None)[0] == "/py"  # no numactl: unbound, not an error
-    assert nccl_check.rank_argv({**spec, "numa_nodes": []}, 1, 1, "/usr/bin/numactl")[0] == "/py"
-    assert nccl_check.rank_argv({**spec, "numa_nodes": [None]}, 0, 0, "/usr/bin/numactl")[0] == "/py"
+    assert argv[3:7] == ["/py", "-m", "llmfleet.nccl_check", "ranks"]
+    ranks = json.loads(argv[argv.index("--spec") + 1])
+    assert [r[:6] for r in ranks] == [
+        ["--rank", str(g), "--world", "16", "--local-rank", str(lr)] for g, lr in groups[1]
+    ]
+    assert ranks[0][ranks[0].index("--timing") + 1] == "eager"  # half the world on this node: across nodes
+    assert nccl_check.group_argv(spec, groups[1], 1, None)[0] == "/py"  # no numactl: unbound, not an error
+    assert nccl_check.numa_groups({**spec, "numa_nodes": []}) == {None: [(8 + i, i) for i in range(8)]}
+    assert nccl_check.group_argv(spec, groups[0], None, "/usr/bin/numactl")[0] == "/py"
+    assert nccl_check.rank_args({**spec, "delay_ranks": {"13": 200}}, 13, 5)[-2:] == ["--delay-start", "200"]
 
 
 def test_each_rank_result_carries_its_wall_time_and_gpu():
@@ -106,3 +115,31 @@ def test_each_rank_result_carries_its_wall_time_and_gpu():
             "ranks": [[0, 0]], "env": {"CUDA_VISIBLE_DEVICES": "3"}}  # fmt: skip
     (res,) = run_node_ranks(spec)
     assert res["ok"] is False and res["exit"] == 1 and 0 <= res["wall_s"] < 5 and res["gpu"] == "3"
+
+
+def node_spec(**more):
+    from pathlib import Path
+
+    spec = {"python": sys.executable, "pythonpath": str(Path(nccl_check.__file__).resolve().parents[1]), "world": 3,
+            "master": "127.0.0.1", "port": nccl_check.free_port(), "deadline": 60, "ranks": [[0, 0], [1, 1], [2, 2]],
+            "args": ["--backend", "gloo", "--ops", "all_reduce,sendrecv", "--sizes", "8,1K", "--iters", "1",
+                     "--warmup", "0", "--timeout", "10", "--op-timeout", "10"]}  # fmt: skip
+    spec.update(more)
+    return spec
+
+
+def test_a_nodes_ranks_are_forked_from_one_import_and_each_is_judged():
+    pytest.importorskip("torch")
+    ranks = nccl_check.run_node_ranks(node_spec(args=[*node_spec()["args"], "--corrupt-rank", "1"]))
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2]
+    assert len({r["forked_from"] for r in ranks}) == 1  # one process imported torch for the node's three ranks
+    assert all(r["exit"] == nccl_check.EXIT_WRONG and r["culprit_ranks"] == [1] for r in ranks), ranks
+    assert all(r["wall_s"] > 0 and r["node"] for r in ranks)
+
+
+def test_a_forked_rank_that_never_arrives_is_named_by_its_peers_and_its_watchdog():
+    pytest.importorskip("torch")
+    ranks = nccl_check.run_node_ranks(node_spec(deadline=15, delay_ranks={"2": 100}))
+    by = {r["rank"]: r for r in ranks}
+    assert by[2]["exit"] == nccl_check.EXIT_TIMEOUT and "watchdog" in by[2]["error"], by[2]
+    assert nccl_verdict.judge(ranks)["missing_ranks"] == [2], ranks

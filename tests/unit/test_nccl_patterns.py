@@ -166,3 +166,17 @@ def test_the_module_refuses_such_a_world_before_starting_ranks(monkeypatch, tmp_
         f"for 1 to {MAX_WORLD} ranks (split the fleet into smaller worlds)"
     )
     assert ranks.calls == []
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "sendrecv", "all_gather"])
+@pytest.mark.parametrize(("world", "n"), [(1, 1), (3, 5), (8, 300), (130, 7), (254, 1000)])
+def test_repeated_periods_are_the_formula_at_every_position(op, world, n):
+    """expected_values() copies one period instead of computing each element: the same values, bit for bit,
+    over any range (all_gather's ranges crossing source blocks)."""
+    pat = Pattern(op, world - 1, world, n)
+    total = pat.out_numel()
+    for dtype in (torch.float32, torch.bfloat16):
+        want = pat.expected(torch, torch.arange(total), dtype)[0]
+        for lo, hi in ((0, total), (total // 3, total), (1, max(1, total - 1))):
+            got = pat.expected_values(torch, lo, hi, dtype, "cpu")
+            assert torch.equal(got, want[lo:hi]), (op, world, n, lo, hi, dtype)
