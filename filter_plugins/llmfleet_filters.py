@@ -98,6 +98,13 @@ def llmfleet_gpu_model(hostvars_of_one: Mapping) -> str | None:
     return gpus[0].get("model") if gpus else None
 
 
+def llmfleet_nccl_cut_off(by_node: Mapping) -> list:
+    """Nodes cut off from the head's rendezvous store in the full world ({node: {_nccl_check_full: ...}})."""
+    from llmfleet.nccl_verdict import cut_off
+
+    return cut_off({n: ((v or {}).get("_nccl_check_full") or {}).get("ranks", []) for n, v in by_node.items()})
+
+
 def llmfleet_nccl_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: int = 0,
                                models: Mapping | None = None) -> dict:  # fmt: skip
     """Verdict of the three phases from every node's results: {node: {_nccl_check_single,
@@ -213,6 +220,7 @@ class FilterModule:
             "llmfleet_pair_rounds": llmfleet_pair_rounds,
             "llmfleet_pick": llmfleet_pick,
             "llmfleet_nccl_verdict": llmfleet_nccl_verdict,
+            "llmfleet_nccl_cut_off": llmfleet_nccl_cut_off,
             "llmfleet_gpu_model": llmfleet_gpu_model,
             "llmfleet_engine_plan": llmfleet_engine_plan,
             "llmfleet_systemd_line": llmfleet_systemd_line,

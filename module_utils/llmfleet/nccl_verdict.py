@@ -194,6 +194,28 @@ def isolate(single: dict[str, bool], pairs: dict[tuple[str, str], bool]) -> dict
     return {"bad_nodes": sorted(bad_nodes), "bad_links": bad_links}
 
 
+def cut_off(full: Mapping[str, list[dict[str, Any]]]) -> list[str]:
+    """Nodes of the full world ({node: its ranks' results}) whose every rank could not reach rank 0's store
+    while every other node's ranks did and missed only theirs: those nodes cannot reach the head over the
+    fabric, named from the full world alone (no pairwise rounds needed). [] when nobody reached the store
+    (the head's own side) or the others failed for any other reason."""
+    cut = [n for n, ranks in full.items() if ranks and all(r.get("store_unreachable") for r in ranks)]
+    met = [r for n, ranks in full.items() if n not in cut for r in ranks]
+    cut_ranks = {r.get("rank") for n in cut for r in full[n]}
+    missing = set(_missing(met))
+    return sorted(cut) if cut and met and missing and missing <= cut_ranks else []
+
+
+def _rest_lines(full_ranks: list[dict[str, Any]], cut: list[str], rest_ranks: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    if cut:
+        head = next((r.get("host") for r in full_ranks if r.get("rank") == 0), None) or "rank 0's node"
+        lines.append(f"cut off: {', '.join(cut)} could not reach the rendezvous store on {head}, every other node did")
+    if rest_ranks:
+        lines.append(f"phase 2 without {', '.join(cut)} ({len(rest_ranks)} ranks): {judge(rest_ranks)['verdict']}")
+    return lines
+
+
 def fleet_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: int = 0,
                   models: Mapping | None = None) -> dict:  # fmt: skip
     """Verdict of the three phases from every node's results: {node: {_nccl_check_single,
@@ -202,6 +224,8 @@ def fleet_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: in
     single = {n: bool((v.get("_nccl_check_single") or {}).get("ok")) for n, v in by_node.items()}
     full_ranks = [r for v in by_node.values() for r in (v.get("_nccl_check_full") or {}).get("ranks", [])]
     full = judge(full_ranks)
+    cut = cut_off({n: (v.get("_nccl_check_full") or {}).get("ranks", []) for n, v in by_node.items()})
+    rest_ranks = [r for v in by_node.values() for r in (v.get("_nccl_check_rest") or {}).get("ranks", [])]
     pairs: dict = {}
     for v in by_node.values():
         for p in v.get("_nccl_check_pairs") or []:
@@ -212,6 +236,7 @@ def fleet_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: in
         if pairs
         else {"bad_nodes": sorted(n for n, ok in single.items() if not ok), "bad_links": []}
     )
+    iso["bad_nodes"] = sorted(set(iso["bad_nodes"]) | set(cut))
     slow = slow_nodes(
         {n: (v.get("_nccl_check_single") or {}).get("ranks", []) for n, v in by_node.items()},
         dict(floors or {}),
@@ -223,6 +248,7 @@ def fleet_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: in
         "phase 1 (each node alone): " + ", ".join(f"{n} {'PASS' if o else 'FAIL'}" for n, o in sorted(single.items())),
         f"phase 2 (full world, {len(full_ranks)} ranks): {full['verdict']}",
     ]
+    lines += _rest_lines(full_ranks, cut, rest_ranks)
     if pairs:
         lines.append(
             "phase 3 (pairs): " + ", ".join(f"{a}+{b} {'PASS' if o else 'FAIL'}" for (a, b), o in sorted(pairs.items()))
@@ -248,4 +274,4 @@ def fleet_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: in
     lines.append("verdict: " + verdict)
     return {"ok": ok, "verdict": verdict, "lines": lines, "single": single, "full": full, "slow_nodes": slow,
             "pairs": [{"pair": list(k), "ok": v} for k, v in sorted(pairs.items())], **iso,
-            "ranks": full_ranks}  # fmt: skip
+            "cut_off": cut, "rest": judge(rest_ranks) if rest_ranks else None, "ranks": full_ranks}  # fmt: skip

@@ -62,4 +62,8 @@ def test_a_node_whose_fabric_is_down_is_named(lab):
     assert v["full"]["ok"] is False
     assert v["bad_nodes"] == ["node3"], v["lines"]
     assert "bad node(s): node3" in v["verdict"]
+    # Named from the full world (node3's ranks alone could not reach node1's store); the other three nodes met
+    # again without it and passed, so no pairwise round ran.
+    assert v["cut_off"] == ["node3"] and v["rest"]["ok"] and v["pairs"] == [], v["lines"]
+    assert "phase 2 without node3 (6 ranks): PASS: 6 ranks, every element exact" in v["lines"]
     print(f"link down: verdict in {took:.0f}s")

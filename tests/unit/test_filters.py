@@ -54,6 +54,7 @@ def test_every_filter_name_is_registered():
         "llmfleet_gpu_set",
         "llmfleet_gpu_set_error",
         "llmfleet_layout_error",
+        "llmfleet_nccl_cut_off",
         "llmfleet_nccl_verdict",
         "llmfleet_node_order",
         "llmfleet_pair_rounds",

@@ -196,3 +196,39 @@ def test_fleet_verdict_names_a_damaged_path():
     v = fleet_verdict(by_node)
     assert not v["ok"] and v["full"]["bad_transfers"] == [[2, 1]]
     assert v["verdict"] == "FAIL: data damaged on the way 2->1"
+
+
+def _cut_world():
+    """Four nodes, two ranks each; n3's ranks cannot reach n1's store, every other rank waits for them."""
+    waiting = {"ok": False, "error": "rendezvous: not every rank arrived within 10s",
+               "stalled": {**{str(r): "rendezvous" for r in range(8)}, "4": "missing", "5": "missing"}}  # fmt: skip
+    unreachable = {"ok": False, "error": "cannot reach the rendezvous store of rank 0", "store_unreachable": True}
+    full = {n: [{"rank": 2 * i + k, "host": n, **(unreachable if n == "n3" else waiting)} for k in (0, 1)]
+            for i, n in enumerate(("n1", "n2", "n3", "n4"))}  # fmt: skip
+    return full
+
+
+def test_a_node_cut_off_from_the_heads_store_is_named_from_the_full_world():
+    full = _cut_world()
+    assert nccl_verdict.cut_off(full) == ["n3"]
+    # Not when nobody reached the store (the head's own side), nor when the others also miss someone else.
+    assert nccl_verdict.cut_off({n: rs for n, rs in full.items() if n == "n3"}) == []
+    other = {**full, "n4": [{**r, "stalled": {"6": "missing"}} for r in full["n4"]]}
+    assert nccl_verdict.cut_off(other) == []
+    healthy = {n: [{"rank": r["rank"], "ok": True} for r in rs] for n, rs in full.items()}
+    assert nccl_verdict.cut_off(healthy) == []
+
+
+def test_fleet_verdict_names_the_cut_off_node_and_the_world_without_it():
+    full = _cut_world()
+    rest = {
+        n: [{"rank": r, "ok": True, "wrong": 0} for r in rs]
+        for n, rs in (("n1", (0, 1)), ("n2", (2, 3)), ("n4", (4, 5)))
+    }
+    by_node = {n: {"_nccl_check_single": {"ok": True}, "_nccl_check_full": {"ranks": full[n]},
+                   "_nccl_check_rest": {"ranks": rest.get(n, [])}, "_nccl_check_pairs": []} for n in full}  # fmt: skip
+    v = fleet_verdict(by_node)
+    assert not v["ok"] and v["bad_nodes"] == ["n3"] and v["cut_off"] == ["n3"] and v["rest"]["ok"]
+    assert "bad node(s): n3" in v["verdict"] and v["pairs"] == []
+    assert "cut off: n3 could not reach the rendezvous store on n1, every other node did" in v["lines"]
+    assert "phase 2 without n3 (6 ranks): PASS: 6 ranks, every element exact" in v["lines"]
