@@ -6,7 +6,7 @@ import pytest
 
 from llmfleet import gpuset
 from llmfleet.engine import PlanError
-from llmfleet.nccl_check import rank_argv, visible_env
+from llmfleet.nccl_check import group_argv, numa_groups, visible_env
 from llmfleet.plan import node_plan
 from tests.unit.test_engine_role import play
 
@@ -97,8 +97,10 @@ def test_the_plan_hands_the_engine_its_gpus_and_binds_ranks_to_their_numa_nodes(
 def test_the_nccl_check_runs_on_the_deployments_gpus():
     env = visible_env("4, 5")
     assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "4,5"} and visible_env("") == {}
-    argv = rank_argv({"python": "py", "world": 2, "master": "m", "port": 1, "deadline": 9, "ranks": [[0, 0], [1, 1]],
-                      "numa_nodes": [1, 1]}, 1, 1, "/usr/bin/numactl")  # fmt: skip
+    spec = {"python": "py", "world": 2, "master": "m", "port": 1, "deadline": 9, "ranks": [[0, 0], [1, 1]],
+            "numa_nodes": [1, 1]}  # fmt: skip
+    assert numa_groups(spec) == {1: [(0, 0), (1, 1)]}  # both GPUs on NUMA node 1: one process forks both ranks
+    argv = group_argv(spec, [(0, 0), (1, 1)], 1, "/usr/bin/numactl")
     assert argv[:3] == ["/usr/bin/numactl", "--cpunodebind=1", "--membind=1"]
 
 
