@@ -42,6 +42,12 @@ def test_module_entry_point_checks_its_arguments_without_torch():
     cp = subprocess.run([sys.executable, "-m", "llmfleet.nccl_check", "rank", "--help"], capture_output=True, text=True,
                         timeout=60, check=False)  # fmt: skip
     assert cp.returncode == 0 and "--corrupt-rank" in cp.stdout
+    # The forked launcher checks every rank's arguments as the rank command does, before any rank starts.
+    for spec, why in (("{", "--spec: not JSON"), ('{"a": 1}', "--spec: a non-empty JSON list"),
+                      ('[["--rank", "5", "--world", "2", "--master", "m", "--port", "1"]]', "--rank 5: must be 0 to 1")):  # fmt: skip
+        cp = subprocess.run([sys.executable, "-m", "llmfleet.nccl_check", "ranks", "--spec", spec], capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+        assert cp.returncode == 2 and why in cp.stderr, cp.stderr
 
 
 def local(*args, timeout=180):
