@@ -104,7 +104,7 @@ class Pattern:
 
     def __init__(self, op: str, rank: int, world: int, n: int) -> None:
         self.op, self.rank, self.world, self.n = op, rank, world, n
-        self._expected: dict[Any, tuple[Any, Any]] = {}  # a one-chunk result's formula, kept for the next check
+        self._held: dict[Any, Any] = {}  # a one-chunk result's expected values, kept for the next check
 
     def out_numel(self) -> int:
         return self.n * self.world if self.op == "all_gather" else self.n
@@ -154,18 +154,23 @@ class Pattern:
             i = end
         return torch.cat(parts) if len(parts) != 1 else parts[0]
 
+    def _expected_chunk(self, torch: Any, got: Any, lo: int, hi: int) -> Any:
+        """One chunk's expected values; a result of one chunk keeps them for the next check iteration (larger
+        results are computed per chunk and never held: they would double the check's memory)."""
+        if got.numel() > CHUNK:
+            return self.expected_values(torch, lo, hi, got.dtype, got.device)
+        key = (got.dtype, got.device)
+        if key not in self._held:
+            self._held[key] = self.expected_values(torch, lo, hi, got.dtype, got.device)
+        return self._held[key]
+
     def count_wrong(self, torch: Any, got: Any) -> tuple[int, dict[int, int], list]:
         """Compare every element of `got` (this rank's result) with the formula, CHUNK elements at a time:
         (wrong elements, {source rank: wrong elements carrying its data}, the first few wrong elements)."""
         total, wrong, per_src, first = got.numel(), 0, {}, []
         for lo in range(0, total, CHUNK):
             hi = min(total, lo + CHUNK)
-            key = (got.dtype, got.device)
-            if total > CHUNK or key not in self._expected:  # larger results: computed per chunk, never held
-                self._expected[key] = self.expected_values(torch, lo, hi, got.dtype, got.device)
-            exp = self._expected[key]
-            if total > CHUNK:
-                self._expected.clear()
+            exp = self._expected_chunk(torch, got, lo, hi)
             bad = got[lo:hi] != exp
             c = int(bad.sum().item())
             if not c:

@@ -206,13 +206,13 @@ def cut_off(full: Mapping[str, list[dict[str, Any]]]) -> list[str]:
     return sorted(cut) if cut and met and missing and missing <= cut_ranks else []
 
 
-def _rest_lines(full_ranks: list[dict[str, Any]], cut: list[str], rest_ranks: list[dict[str, Any]]) -> list[str]:
+def _rest_lines(full_ranks: list[dict[str, Any]], cut: list[str], rest: dict[str, Any] | None, n: int) -> list[str]:
     lines = []
     if cut:
         head = next((r.get("host") for r in full_ranks if r.get("rank") == 0), None) or "rank 0's node"
         lines.append(f"cut off: {', '.join(cut)} could not reach the rendezvous store on {head}, every other node did")
-    if rest_ranks:
-        lines.append(f"phase 2 without {', '.join(cut)} ({len(rest_ranks)} ranks): {judge(rest_ranks)['verdict']}")
+    if rest:
+        lines.append(f"phase 2 without {', '.join(cut)} ({n} ranks): {rest['verdict']}")
     return lines
 
 
@@ -226,6 +226,7 @@ def fleet_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: in
     full = judge(full_ranks)
     cut = cut_off({n: (v.get("_nccl_check_full") or {}).get("ranks", []) for n, v in by_node.items()})
     rest_ranks = [r for v in by_node.values() for r in (v.get("_nccl_check_rest") or {}).get("ranks", [])]
+    rest = judge(rest_ranks) if rest_ranks else None
     pairs: dict = {}
     for v in by_node.values():
         for p in v.get("_nccl_check_pairs") or []:
@@ -248,7 +249,7 @@ def fleet_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: in
         "phase 1 (each node alone): " + ", ".join(f"{n} {'PASS' if o else 'FAIL'}" for n, o in sorted(single.items())),
         f"phase 2 (full world, {len(full_ranks)} ranks): {full['verdict']}",
     ]
-    lines += _rest_lines(full_ranks, cut, rest_ranks)
+    lines += _rest_lines(full_ranks, cut, rest, len(rest_ranks))
     if pairs:
         lines.append(
             "phase 3 (pairs): " + ", ".join(f"{a}+{b} {'PASS' if o else 'FAIL'}" for (a, b), o in sorted(pairs.items()))
@@ -274,4 +275,4 @@ def fleet_verdict(by_node: Mapping, floors: Mapping | None = None, ref_bytes: in
     lines.append("verdict: " + verdict)
     return {"ok": ok, "verdict": verdict, "lines": lines, "single": single, "full": full, "slow_nodes": slow,
             "pairs": [{"pair": list(k), "ok": v} for k, v in sorted(pairs.items())], **iso,
-            "cut_off": cut, "rest": judge(rest_ranks) if rest_ranks else None, "ranks": full_ranks}  # fmt: skip
+            "cut_off": cut, "rest": rest, "ranks": full_ranks}  # fmt: skip
