@@ -86,6 +86,10 @@ molecule_run = @for r in $(1); do \
 	  (cd roles/$$r && molecule test) || { $(LAB) down; exit 1; }; \
 	done
 
+# The scenarios' Ansible runs load the test suites' AnsiballZ scan cache, as pytest's do (tests/helpers/ansible_cache.py).
+molecule molecule-all: export ANSIBLE_CALLBACK_PLUGINS := $(CURDIR)/tests/ansible_plugins/callback
+molecule molecule-all: export ANSIBLE_CALLBACKS_ENABLED := llmfleet_ansiballz_cache
+
 molecule: install
 	$(call molecule_run,$(MOLECULE_CI))
 

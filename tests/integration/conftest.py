@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ansible_cache
 from tests.lab import demo_model, labctl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +27,7 @@ def ansible_env() -> dict:
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_DEPRECATION_WARNINGS="0",
     )
+    ansible_cache.enable(env)
     return env
 
 

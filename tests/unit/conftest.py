@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ansible_cache
+
 HERE = Path(__file__).resolve().parent
 
 # Modules whose tests take seconds each (ansible-playbook runs, gloo worlds of torch processes, simulated
@@ -72,6 +74,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
         return  # the controller schedules, and the workers inherit its environment
+    ansible_cache.enable()
     if getattr(config.option, "dist", "no") == "load" and getattr(config.option, "maxschedchunk", 0) is None:
         config.option.maxschedchunk = 1
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
