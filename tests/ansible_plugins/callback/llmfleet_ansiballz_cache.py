@@ -4,7 +4,7 @@ Before it sends a Python module, Ansible parses the module and every module_util
 to pack (module_common.recursive_finder). It keeps the result only in the run's own temporary directory, so each
 of the test suite's few hundred ansible-playbook runs parsed the same sources again: a fifth of the controller's
 CPU in an engine converge (py-spy: 14 payloads, about 6 CPU-s of 29). This callback, enabled by the test suites
-only (tests/ansible_env.py), wraps recursive_finder with a cache on disk:
+only (tests/helpers/ansible_cache.py), wraps recursive_finder with a cache on disk:
 
 - keyed by the module's source, its name, the payload's extensions, ansible-core's version and the size and
   mtime of every file under the module_utils directories (Ansible's and the project's): any change scans again;
@@ -72,6 +72,10 @@ def _fingerprint(dirs) -> str:
     return h.hexdigest()
 
 
+def _bytes(data) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
 class _Recorder:
     """The payload's zip as recursive_finder sees it: every file it writes is also kept for the cache."""
 
@@ -80,8 +84,7 @@ class _Recorder:
         self.entries = []
 
     def writestr(self, zinfo, data, *args, **kwargs):
-        raw = data.encode() if isinstance(data, str) else bytes(data)
-        self.entries.append((zinfo.filename, raw))
+        self.entries.append((zinfo.filename, _bytes(data)))
         return self._zf.writestr(zinfo, data, *args, **kwargs)
 
     def __getattr__(self, name):
@@ -100,20 +103,22 @@ def wrap(finder, module_utils_dirs, make_zinfo, metadata_v1):
             state["fingerprint"] = _fingerprint(module_utils_dirs())
         if state["dir"] is None:
             return finder(name, module_fqn, module_data, zf, date_time, extension_manager)
-        raw = module_data.encode() if isinstance(module_data, str) else bytes(module_data)
         key = hashlib.sha256(
-            json.dumps([state["fingerprint"], name, module_fqn, list(extension_manager.module_names)]).encode() + raw
+            json.dumps([state["fingerprint"], name, module_fqn, list(extension_manager.module_names)]).encode()
+            + _bytes(module_data)
         ).hexdigest()
         path = os.path.join(state["dir"], key + ".json")
-        try:
+        try:  # read whole before anything goes into the payload: an unreadable entry is a miss, not half a zip
             with open(path, encoding="utf-8") as f:
                 hit = json.load(f)
-        except (OSError, ValueError):
-            hit = None
-        if hit is not None:
-            for arcname, data in hit["entries"]:
-                zf.writestr(make_zinfo(arcname, date_time, zf=zf), base64.b64decode(data))
-            return metadata_v1(serialization_profile=hit["serialization_profile"])
+            entries = [(arcname, base64.b64decode(data)) for arcname, data in hit["entries"]]
+            profile = hit["serialization_profile"]
+        except (OSError, ValueError, KeyError, TypeError):
+            entries = None
+        if entries is not None:
+            for arcname, data in entries:
+                zf.writestr(make_zinfo(arcname, date_time, zf=zf), data)
+            return metadata_v1(serialization_profile=profile)
         recorder = _Recorder(zf)
         metadata = finder(name, module_fqn, module_data, recorder, date_time, extension_manager)
         if type(metadata) is metadata_v1 and not any(a.startswith("ansible_collections/") for a, _ in recorder.entries):
