@@ -15,8 +15,9 @@ What it proves, on the real engine, router, wrapper and systemd units:
   moves it again;
 - a second converge restarts nothing (instances and router keep their invocation);
 - the ordered stop stops the router before the instances and leaves no unit active.
-NIXL's UCX progress thread spins a core per instance even idle (docs/real-engine.md), so the units are
-stopped in the module's finalizer whatever happens. About 5-7 minutes on the 2-core machine kind.
+NIXL's progress thread spins a core per instance even idle (docs/real-engine.md): here it polls every
+millisecond (tests/lab/nixl_poll, lab only), and the units are stopped in the module's finalizer whatever
+happens. About 2.5-5 minutes on the 2-core machine kind.
 """
 
 import json
@@ -35,17 +36,19 @@ ROUTER = "llmfleet-pd-router.service"
 KEY = "sk-llmfleet-pd-lab-0123456789"
 QUESTION = "What is 37\u00d719? Reply with only the number."
 # Per-host settings, as an inventory's host_vars would hold them: the P/D role, and one core each for
-# the two instances' vLLM threads (the research's layout; the lab's nodes share the machine's 2 cores).
+# the two instances' vLLM threads (the research's layout; the lab's nodes share the machine's 2 cores), and
+# tests/lab/nixl_poll first on their PYTHONPATH: NIXL's progress thread polls every millisecond instead of
+# spinning a core (lab only).
 HOSTS = """\
 all:
   hosts:
     node1:
       engine_pd_role: prefill
-      engine_env: {VLLM_CPU_KVCACHE_SPACE: "1", VLLM_CPU_OMP_THREADS_BIND: "0"}
+      engine_env: {VLLM_CPU_KVCACHE_SPACE: "1", VLLM_CPU_OMP_THREADS_BIND: "0", PYTHONPATH: "@NIXL_POLL@"}
     node2:
       engine_pd_role: decode
-      engine_env: {VLLM_CPU_KVCACHE_SPACE: "1", VLLM_CPU_OMP_THREADS_BIND: "1"}
-"""
+      engine_env: {VLLM_CPU_KVCACHE_SPACE: "1", VLLM_CPU_OMP_THREADS_BIND: "1", PYTHONPATH: "@NIXL_POLL@"}
+""".replace("@NIXL_POLL@", str(ROOT / "tests/lab/nixl_poll"))
 
 
 def pd_vars():
@@ -141,6 +144,9 @@ def test_pd_gate_proves_the_kv_transfer_through_the_router(pd):
         assert f'\\"kv_role\\":\\"{role}\\"' in unit_text and '\\"kv_buffer_device\\":\\"cpu\\"' in unit_text, unit_text
         env = ssh(lab, node, f"tr '\\0' '\\n' < /proc/$(systemctl show {UNIT} -p MainPID --value)/environ").stdout
         assert f"VLLM_NIXL_SIDE_CHANNEL_HOST={ip}" in env and "VLLM_NIXL_SIDE_CHANNEL_PORT=5600" in env
+        # tests/lab/nixl_poll took effect in the instance's worker (its line in the unit's journal).
+        journal = ssh(lab, node, f"journalctl -u {UNIT} -o cat --no-pager").stdout
+        assert "progress thread polls every 1000 us (tests/lab/nixl_poll)" in journal, (node, journal[-3000:])
     router_unit = ssh(lab, "node1", f"systemctl cat {ROUTER}").stdout
     assert f"--prefill http://{ip1}:8000 --decode http://{ip2}:8000" in router_unit, router_unit
     assert "--secret-env OPENAI_API_KEY=api-key" in router_unit and KEY not in router_unit
