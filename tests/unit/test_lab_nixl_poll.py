@@ -63,3 +63,9 @@ def test_the_progress_thread_gets_a_delay_and_says_so(tmp_path):
 def test_the_delay_can_be_set_and_without_the_hook_it_spins(tmp_path):
     assert run(tmp_path, {"LLMFLEET_LAB_NIXL_POLL_US": "250"}).stdout.strip() == "[('a', True, 250), ('b', False, 0)]"
     assert run(tmp_path, hook=False).stdout.strip() == "[('a', True, 0), ('b', False, 0)]"
+
+
+def test_a_bad_delay_is_named_and_the_default_used(tmp_path):
+    cp = run(tmp_path, {"LLMFLEET_LAB_NIXL_POLL_US": "1ms"})
+    assert cp.stdout.strip() == "[('a', True, 1000), ('b', False, 0)]"
+    assert "LLMFLEET_LAB_NIXL_POLL_US='1ms' is not a whole number of microseconds; using 1000" in cp.stderr

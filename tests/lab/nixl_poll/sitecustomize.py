@@ -21,7 +21,19 @@ import os
 import sys
 
 _MODULES = {"nixl_cu12._api", "nixl_cu13._api"}
-_DELAY_US = int(os.environ.get("LLMFLEET_LAB_NIXL_POLL_US", "1000"))
+
+
+def _delay_us() -> int:
+    # Every Python on this PYTHONPATH imports this file (the wrapper too): a bad value must not break them.
+    raw = os.environ.get("LLMFLEET_LAB_NIXL_POLL_US", "1000")
+    if raw.isdigit():
+        return int(raw)
+    print(f"llmfleet lab: LLMFLEET_LAB_NIXL_POLL_US={raw!r} is not a whole number of microseconds; using 1000",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return 1000
+
+
+_DELAY_US = _delay_us()
 
 
 def _patch(api):
