@@ -190,8 +190,10 @@ class SshTransport:
                 if len(out) > max_output:
                     chan.close()
                     raise TransportError(f"answer larger than {max_output} bytes")
-                # ssh orders a channel's messages: once the exit status is here, so is all the output
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                # the output is whole at EOF, not at the exit status: sshd sends exit-status when it reaps the
+                # child, which under load can be before it has drained the child's stdout pipe
+                ended = chan.exit_status_ready() and (chan.eof_received or chan.closed)
+                if ended and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
             return Done(chan.recv_exit_status(), bytes(out), bytes(err))
         except TransportError:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import paramiko
@@ -81,7 +82,8 @@ class SshPeer:
     """Accepts SSH connections on 127.0.0.1 and runs each exec request as sshd would (through a shell), with
     `sudo -n -u root --` taken off the front (passwordless sudo). commands: what it was asked to run."""
 
-    def __init__(self, user: str = "ops") -> None:
+    def __init__(self, user: str = "ops", exit_status_first: bool = False) -> None:
+        self.exit_status_first = exit_status_first
         self.host_key = paramiko.ECDSAKey.generate()
         self.client_key = paramiko.ECDSAKey.generate()
         self.user, self.commands = user, []
@@ -126,9 +128,15 @@ class SshPeer:
                     break
                 data += chunk
             out, err = p.communicate(data)
+            if self.exit_status_first:
+                # OpenSSH's sshd sends exit-status when it reaps the child, which under load can be before it
+                # has drained the child's stdout pipe: the output follows, then EOF and close
+                chan.send_exit_status(p.returncode)
+                time.sleep(1.5)  # past the client's 1 s select tick
             chan.sendall(out)
             chan.sendall_stderr(err)
-            chan.send_exit_status(p.returncode)
+            if not self.exit_status_first:
+                chan.send_exit_status(p.returncode)
             chan.close()
 
     def known_hosts(self, path: Path, key: paramiko.PKey | None = None) -> None:
@@ -189,6 +197,21 @@ def test_probe_over_real_ssh(tmp_path, peer):
     assert got["env"] == {"NCCL_IB_HCA": "mlx5_0"} and got["hcas"] == {} and again["probe"] == 1
     cmd = shlex.split(peer.commands[0])
     assert cmd[:4] == [sys.executable, "-I", "-S", "-"] and json.loads(cmd[4])["op"] == "counters"
+
+
+def test_output_after_the_exit_status_is_still_read(tmp_path):
+    """The answer arriving after the exit status is read, not lost as `probe failed: exit 0, no answer`."""
+    late = SshPeer(exit_status_first=True)
+    try:
+        node = load_fleet([str(_inventory(tmp_path, late))]).head
+        t = SshTransport()
+        try:
+            got = _counters(node, t, tmp_path)
+        finally:
+            t.close()
+    finally:
+        late.close()
+    assert got["probe"] == 1 and got["hcas"] == {}
 
 
 def test_become_runs_the_probe_through_sudo(tmp_path, peer):
