@@ -80,12 +80,14 @@ def main() -> int:
         f"| node3 fabric down, `nccl_check_pairwise=false` | {no_pairs_s:.1f} | {no_pairs_rc} "
         f"| {no_pairs.get('verdict')} | {phases(no_pairs)} |\n\n"
         "How: each node's ranks fork from one process per NUMA node that imported torch once (a rank process "
-        "of its own paid about 3 CPU-s per rank and phase), Gloo ranks compute on one thread, the expected "
-        "values are one period of the pattern repeated; a node whose ranks could not reach the head's store "
-        "while every other node's did is named from the full world, and the rest meet once more without it "
-        "(one world instead of three pairwise rounds). The goals of issue 17 (healthy < 15 s, a fabric-down "
-        "node named < 30 s) are not met: the two phases' ranks and the play's other 30-odd tasks on two "
-        "shared cores are the rest (docs/nccl-check.md).\n"
+        "of its own paid about 3 CPU-s per rank and phase), and that process forks the node's full-world ranks "
+        "as soon as its single-node ranks have ended (phase 2 chained to phase 1: one Ansible job for both); "
+        "Gloo ranks compute on one thread, the expected values are one period of the pattern repeated; a node "
+        "whose ranks could not reach the head's store while every other node's did is named from the full "
+        "world, and the rest meet once more without it (one world instead of three pairwise rounds). The goals "
+        "of issue 17 (healthy < 15 s, a fabric-down node named < 30 s) are not met: the two phases' ranks and "
+        "torch imports on two cores shared by four nodes, the play's other 30-odd tasks, and for a fabric-down "
+        "node the rendezvous timeout it is named by (20 s here) and the world without it (docs/nccl-check.md).\n"
     )
     print(text)
     if a.out:

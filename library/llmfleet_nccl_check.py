@@ -96,6 +96,52 @@ options:
     type: list
     elements: raw
     default: []
+  then:
+    description:
+      - This node's ranks of a second world, started as soon as this node's ranks of the first have ended, from
+        the same processes (torch imported once, no round trip to the controller). The nccl_check role chains
+        the full world to each node's single-node world this way.
+      - Their deadline is agreed once every rank of that world has arrived, from the slowest first-world rank
+        of every node, as the role derives it for a world it starts itself.
+      - The first world's options (python, env, backend, ops, sizes, iters, timeouts, NUMA binding) apply;
+        I(corrupt_rank) and I(delay_ranks) of the first world do not.
+    type: dict
+    suboptions:
+      world:
+        description: World size of the second world.
+        type: int
+        required: true
+      master:
+        description: Fabric IP of its global rank 0's node.
+        type: str
+        required: true
+      port:
+        description: Its TCPStore port on the master.
+        type: int
+        required: true
+      ranks:
+        description: This node's C([global_rank, local_rank]) pairs in it (the same local ranks as I(ranks)).
+        type: list
+        elements: list
+        required: true
+      deadline:
+        description: The most its ranks may run, in seconds.
+        type: float
+        required: true
+      deadline_factor:
+        description:
+          - Its ranks' deadline is the slowest first-world rank's wall time (every node's) times this plus
+            I(timeout), at most I(then.deadline). C(0) = I(then.deadline).
+        type: float
+        default: 3
+      corrupt_rank:
+        description: Fault injection - this global rank of the second world contributes a wrong value (C(-1) = none).
+        type: int
+        default: -1
+      delay_ranks:
+        description: "Fault injection - C({global rank: seconds}) of the second world to start late."
+        type: dict
+        default: {}
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -131,6 +177,15 @@ ok:
   description: Every local rank passed.
   returned: always
   type: bool
+then_ranks:
+  description: One result per local rank of the second world (I(then)), as I(ranks).
+  returned: when I(then) is given
+  type: list
+  elements: dict
+then_ok:
+  description: Every local rank of the second world passed.
+  returned: when I(then) is given
+  type: bool
 skipped_in_check_mode:
   description: Nothing was run because of check mode.
   returned: check mode
@@ -138,7 +193,7 @@ skipped_in_check_mode:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.nccl_check import read_env_file, run_node_ranks, visible_env, world_error
+from ansible.module_utils.llmfleet.nccl_check import read_env_file, run_node_worlds, visible_env, world_error
 
 
 def argument_spec() -> dict:
@@ -162,6 +217,19 @@ def argument_spec() -> dict:
         "delay_ranks": {"type": "dict", "default": {}},
         "numa_nodes": {"type": "list", "elements": "raw", "default": []},
         "visible_devices": {"type": "str", "default": ""},
+        "then": {
+            "type": "dict",
+            "options": {
+                "world": {"type": "int", "required": True},
+                "master": {"type": "str", "required": True},
+                "port": {"type": "int", "required": True},
+                "ranks": {"type": "list", "elements": "list", "required": True},
+                "deadline": {"type": "float", "required": True},
+                "deadline_factor": {"type": "float", "default": 3},
+                "corrupt_rank": {"type": "int", "default": -1},
+                "delay_ranks": {"type": "dict", "default": {}},
+            },
+        },
     }
 
 
@@ -193,9 +261,17 @@ def run(module: AnsibleModule) -> None:
         pairs, numa = pairs_and_numa(p["ranks"], p["numa_nodes"])
     except ValueError as e:
         module.fail_json(msg=f"{e} (fix the nccl_check role's rank layout)")
-    why = world_error(p["world"])
-    if why:  # before any rank starts: a result that cannot be exact would blame good links
-        module.fail_json(msg=f"world: {why}")
+    then = p["then"]
+    try:
+        then_pairs = pairs_and_numa(then["ranks"], [])[0] if then else []
+    except ValueError as e:
+        module.fail_json(msg=f"then.{e} (fix the nccl_check role's rank layout)")
+    if then and sorted(lr for _, lr in then_pairs) != sorted(lr for _, lr in pairs):
+        module.fail_json(msg=f"then.ranks {then_pairs}: not the local ranks of ranks {pairs} (one rank per GPU)")
+    for name, world in (("world", p["world"]), ("then.world", then and then["world"])):
+        why = world and world_error(world)
+        if why:  # before any rank starts: a result that cannot be exact would blame good links
+            module.fail_json(msg=f"{name}: {why}")
     if module.check_mode:
         module.exit_json(changed=False, ranks=[], ok=True, skipped_in_check_mode=True)
     args = ["--backend", p["backend"], "--ops", ",".join(p["ops"]), "--sizes", ",".join(p["sizes"]),
@@ -214,11 +290,24 @@ def run(module: AnsibleModule) -> None:
         "delay_ranks": {str(k): v for k, v in p["delay_ranks"].items()},
         "numa_nodes": numa,
     }
+    if then:
+        spec["then"] = {
+            "world": then["world"],
+            "master": then["master"],
+            "port": then["port"],
+            "ranks": then_pairs,
+            "deadline": then["deadline"],
+            "deadline_factor": then["deadline_factor"],
+            "args": ["--corrupt-rank", str(then["corrupt_rank"])],
+            "delay_ranks": {str(k): v for k, v in then["delay_ranks"].items()},
+        }
     try:
-        ranks = run_node_ranks(spec)
+        worlds = run_node_worlds(spec)
     except OSError as e:  # the engine's Python (or numactl) cannot be started
         module.fail_json(msg=f"cannot start the NCCL check ranks with {p['python']}: {e}; check llmfleet_engine_python")
-    module.exit_json(changed=False, ranks=ranks, ok=all(r.get("ok") for r in ranks))
+    ranks = worlds[0]
+    more = {"then_ranks": worlds[1], "then_ok": all(r.get("ok") for r in worlds[1])} if then else {}
+    module.exit_json(changed=False, ranks=ranks, ok=all(r.get("ok") for r in ranks), **more)
 
 
 def main() -> None:

@@ -235,6 +235,7 @@ class Rank:
         self.store = None
         self.results: list[dict[str, Any]] = []
         self.phase = "start"
+        self.deadline = a.deadline  # the watchdog's; a chained phase tightens it once every rank has arrived
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
@@ -254,6 +255,9 @@ class Rank:
         except Exception as e:
             raise StoreUnreachable(f"cannot reach the rendezvous store of rank 0 at {self.a.master}:{self.a.port} "
                                    f"within {self.a.timeout}s: {str(e)[:200]}") from None  # fmt: skip
+        chained = getattr(self.a, "prev_wall", None) is not None and getattr(self.a, "deadline_factor", 0) > 0
+        if chained:  # before this rank's phase key: whoever sees every phase key also sees every wall
+            self.store.set(f"prev_wall/{self.rank}", str(self.a.prev_wall))
         self.set_phase("rendezvous")
         # Every rank waits for every rank's key before any backend starts: a rank that never comes is
         # named within the rendezvous timeout, also with NCCL, whose own bootstrap would wait forever.
@@ -261,9 +265,19 @@ class Rank:
             self.store.wait([f"phase/{i}" for i in range(self.world)], timedelta(seconds=self.a.timeout))
         except Exception:
             raise TimeoutError(f"rendezvous: not every rank arrived within {self.a.timeout}s") from None
+        if chained:
+            self.deadline = chained_deadline(self.a, self._prev_walls())
         dist.init_process_group(self.a.backend, store=self.store, rank=self.rank, world_size=self.world,
                                 timeout=timedelta(seconds=self.a.op_timeout), **self._device_kw())  # fmt: skip
         self.set_phase("initialized")
+
+    def _prev_walls(self) -> list[float]:
+        walls = []
+        for i in range(self.world):
+            key = f"prev_wall/{i}"
+            if self.store.check([key]):  # a rank started without --prev-wall sets none
+                walls.append(float(self.store.get(key).decode()))
+        return walls
 
     def _device_kw(self) -> dict[str, Any]:
         import inspect
@@ -460,6 +474,14 @@ class Rank:
         return [i for i, f in enumerate(gathered.tolist()) if f]
 
 
+def chained_deadline(a: argparse.Namespace, walls: list[float]) -> float:
+    """A chained phase's rank deadline, as the role derives it for a phase it starts itself: the previous
+    phase's slowest rank in the whole world x the factor + the rendezvous timeout, at most --deadline."""
+    if not walls or a.deadline_factor <= 0:
+        return a.deadline
+    return min(a.deadline, float(math.ceil(max(walls) * a.deadline_factor + a.timeout)))
+
+
 class StoreUnreachable(Exception):
     """Rank 0's TCPStore could not be reached: rank 0 never started, or its node cannot be reached."""
 
@@ -480,15 +502,7 @@ def run_rank(a: argparse.Namespace) -> int:
                            "local_rank": a.local_rank, "ok": False}  # fmt: skip
     state = {"rank": None}
 
-    def watchdog() -> None:
-        time.sleep(a.deadline)
-        r = state["rank"]
-        out.update(error=f"watchdog: rank {a.rank} still running after {a.deadline}s", phase=r.phase if r else "start",
-                   stalled=_stalled(r, a), results=r.results if r else [])  # fmt: skip
-        _emit(out, a)
-        os._exit(EXIT_TIMEOUT)
-
-    threading.Thread(target=watchdog, daemon=True).start()
+    threading.Thread(target=_watchdog, args=(a, state, out, time.monotonic()), daemon=True).start()
     code = EXIT_ERROR
     try:
         r = state["rank"] = Rank(a)
@@ -511,7 +525,7 @@ def run_rank(a: argparse.Namespace) -> int:
         r.set_phase("done")
         wrong = sum(x.get("wrong", 0) for x in r.results)
         out.update(ok=wrong == 0 and not culprits, wrong=wrong, culprit_ranks=sorted(culprits), results=r.results,
-                   phase="done", timing=r.timing)  # fmt: skip
+                   phase="done", timing=r.timing, deadline_s=r.deadline)  # fmt: skip
         if r.graph_error:
             out["graph_error"] = r.graph_error
         code = 0 if out["ok"] else EXIT_WRONG
@@ -532,6 +546,21 @@ def run_rank(a: argparse.Namespace) -> int:
         code = EXIT_ERROR if "timeout" not in str(e).lower() and "timed out" not in str(e).lower() else EXIT_TIMEOUT
     _emit(out, a)
     os._exit(code)  # a broken communicator must not block interpreter exit
+
+
+def _watchdog(a: argparse.Namespace, state: dict[str, Any], out: dict[str, Any], t0: float) -> None:
+    """Ends the rank at its deadline, saying where it stood. The deadline is read again and again: a chained
+    phase tightens it once every rank has arrived."""
+    while True:
+        r = state["rank"]
+        left = t0 + (r.deadline if r else a.deadline) - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(left, 0.5))
+    out.update(error=f"watchdog: rank {a.rank} still running after {r.deadline if r else a.deadline:g}s",
+               phase=r.phase if r else "start", stalled=_stalled(r, a), results=r.results if r else [])  # fmt: skip
+    _emit(out, a)
+    os._exit(EXIT_TIMEOUT)
 
 
 def _stalled(rk: Rank | None, a: argparse.Namespace) -> dict[str, str] | None:
@@ -649,6 +678,11 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--out", help="also write the JSON result here")
     rp.add_argument("--delay-start", type=float, default=0, help="fault injection: start this many seconds late")
     rp.add_argument("--barrier-end", action="store_true")
+    rp.add_argument("--prev-wall", type=float, default=None,
+                    help="chained phase: the slowest wall time (s) of this node's previous-phase ranks")  # fmt: skip
+    rp.add_argument("--deadline-factor", type=float, default=0,
+                    help="chained phase: deadline = min(--deadline, slowest previous wall of the world x this "
+                         "+ --timeout), known once every rank has arrived (0: --deadline)")  # fmt: skip
     add_common(rp)
     lp = sub.add_parser("local", help="N ranks of a single-node world on this host")
     lp.add_argument("--nproc", type=int, required=True)
@@ -657,15 +691,25 @@ def main(argv: list[str] | None = None) -> int:
     add_common(lp)
     gp = sub.add_parser("ranks", help="several ranks of this host, torch imported once (one process each, forked)")
     gp.add_argument("--spec", required=True, help="JSON list: each rank's arguments of the rank command")
+    gp.add_argument("--then", default=None,
+                    help="JSON list: ranks of a next world, forked when these have ended (from the same import), "
+                         "each given --prev-wall")  # fmt: skip
     a = ap.parse_args(argv)
     if a.cmd == "ranks":
         try:
             arg_lists = json.loads(a.spec)
         except ValueError as e:
             ap.error(f"--spec: not JSON: {e}")
-        if not isinstance(arg_lists, list) or not arg_lists or not all(isinstance(x, list) for x in arg_lists):
-            ap.error("--spec: a non-empty JSON list of argument lists (one per rank)")
-        return run_ranks([_checked(ap, ap.parse_args(["rank", *map(str, x)])) for x in arg_lists])
+        phases = [arg_lists]
+        if a.then is not None:
+            try:
+                phases.append(json.loads(a.then))
+            except ValueError as e:
+                ap.error(f"--then: not JSON: {e}")
+        for flag, lists in zip(("--spec", "--then"), phases):
+            if not isinstance(lists, list) or not lists or not all(isinstance(x, list) for x in lists):
+                ap.error(f"{flag}: a non-empty JSON list of argument lists (one per rank)")
+        return run_ranks(*[[_checked(ap, ap.parse_args(["rank", *map(str, x)])) for x in lists] for lists in phases])
     a = _checked(ap, a)
     return run_rank(a) if a.cmd == "rank" else launch_local(a)
 
@@ -688,17 +732,39 @@ def _checked(ap: argparse.ArgumentParser, a: argparse.Namespace) -> argparse.Nam
     return a
 
 
-def run_ranks(ranks: list[argparse.Namespace]) -> int:
+def run_ranks(ranks: list[argparse.Namespace], then: list[argparse.Namespace] | None = None) -> int:
     """Several ranks of one host from one import of torch: each rank is a child forked after the import
     (about 3 CPU-s per import on a lab node; a rank process of its own paid it once per rank and phase).
     Forked before any collective, CUDA call or thread, so each child is as fresh as a rank started alone.
-    Prints one JSON list, a result per rank as collect() makes it; exits 0 when every rank passed."""
+    `then`: ranks of the next world, forked from the same import as soon as these have ended, each told
+    the slowest of these ranks' wall times (--prev-wall) for its deadline.
+    Prints one JSON line per world, a list with a result per rank as collect() makes it; exits 0 when every
+    rank passed."""
     import tempfile
 
     # Imported once here, inherited by every forked rank.
     import torch.distributed  # noqa: F401
 
     tmp = tempfile.mkdtemp(prefix="llmfleet-nccl-check-")  # private (0700): the ranks' outputs
+    ok = True
+    try:
+        out = _fork_world(ranks, tmp)
+        print(json.dumps(out), flush=True)
+        ok = all(r.get("ok") for r in out)
+        if then:
+            prev = max(r["wall_s"] for r in out)
+            for a in then:
+                a.prev_wall = prev
+            nxt = _fork_world(then, tmp)
+            print(json.dumps(nxt), flush=True)
+            ok = ok and all(r.get("ok") for r in nxt)
+    finally:
+        os.rmdir(tmp)
+    return 0 if ok else 1
+
+
+def _fork_world(ranks: list[argparse.Namespace], tmp: str) -> list[dict[str, Any]]:
+    """Fork one world's ranks of this host and wait for them: a result per rank, in the order given."""
     kids: dict[int, tuple[argparse.Namespace, float]] = {}
     for a in ranks:
         sys.stdout.flush()
@@ -739,9 +805,7 @@ def run_ranks(ranks: list[argparse.Namespace]) -> int:
             except OSError:
                 texts.append("")
         out.append({**rank_result(a.rank, texts[0], texts[1], **done[a.rank]), "forked_from": os.getpid()})
-    os.rmdir(tmp)
-    print(json.dumps(out), flush=True)
-    return 0 if all(r.get("ok") for r in out) else 1
+    return out
 
 
 def rank_result(rank: int, stdout: str, stderr: str, exit: int | None, wall_s: float) -> dict[str, Any]:
@@ -782,48 +846,75 @@ def read_env_file(path: str) -> dict[str, str]:
 
 
 def run_node_ranks(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Start this node's ranks of one world and wait for them (with a deadline).
+    """This node's ranks of one world (run_node_worlds without `then`)."""
+    return run_node_worlds({k: v for k, v in spec.items() if k != "then"})[0]
+
+
+def run_node_worlds(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Start this node's ranks of one world and wait for them (with a deadline); with spec["then"], this node's
+    ranks of a second world right after, from the same processes: a list of results per world.
 
     spec: python, world, master, port, ranks ([[global_rank, local_rank], ...]), env (dict),
-    args (list of extra rank args), deadline, pythonpath, delay_ranks ({rank: seconds}, fault injection).
-    One process per NUMA node of the ranks' GPUs (all of them when none is known) imports torch once and
-    forks its ranks (run_ranks), bound like engine ranks with numactl."""
+    args (list of extra rank args), deadline, pythonpath, delay_ranks ({rank: seconds}, fault injection);
+    then: the second world's world, master, port, ranks, deadline (at most), deadline_factor, args (more rank
+    args), delay_ranks. One process per NUMA node of the ranks' GPUs (all of them when none is known) imports
+    torch once and forks its ranks (run_ranks), bound like engine ranks with numactl."""
     env = {**os.environ, **spec.get("env", {})}
     if spec.get("pythonpath"):
         env["PYTHONPATH"] = spec["pythonpath"] + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     numactl = shutil.which("numactl")
+    then = then_spec(spec)
     procs = []
     t0 = time.monotonic()
     for numa, members in numa_groups(spec).items():
-        argv = group_argv(spec, members, numa, numactl)
+        argv = group_argv(spec, members, numa, numactl, then)
         # A session of its own: a group that outlives the deadline is killed with every rank it forked.
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)  # fmt: skip
         procs.append((members, p))
-    out = []
-    end = t0 + spec["deadline"] + 45  # the ranks' deadline counts from their fork, after the import
+    worlds: list[list[dict[str, Any]]] = [[] for _ in range(2 if then else 1)]
+    # The ranks' deadlines count from their fork, after the import (and the first world, for the second's).
+    end = t0 + spec["deadline"] + 45 + (then["deadline"] + 10 if then else 0)
     for members, p in procs:
         try:
             so, se = p.communicate(timeout=max(1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, 9)
             so, se = p.communicate()
-        line = next((ln for ln in reversed(so.splitlines()) if ln.startswith("[")), None)
-        try:
-            got = {int(r["rank"]): r for r in json.loads(line)} if line else {}
-        except (ValueError, KeyError, TypeError):
-            got = {}
+        lines = [ln for ln in so.splitlines() if ln.startswith("[")]
         wall = round(time.monotonic() - t0, 2)
-        for rank, _ in members:
-            out.append(got.get(rank) or rank_result(rank, "", se, p.returncode, wall))
+        for k, world_spec in enumerate([spec, then] if then else [spec]):
+            try:
+                got = {int(r["rank"]): r for r in json.loads(lines[k])} if k < len(lines) else {}
+            except (ValueError, KeyError, TypeError):
+                got = {}
+            for rank, _ in _members_of(world_spec, members):
+                worlds[k].append(got.get(rank) or rank_result(rank, "", se, p.returncode, wall))
     visible = [v for v in (spec.get("env") or {}).get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
-    local_of = {int(r): int(lr) for r, lr in spec["ranks"]}
-    for res in out:
-        res["node"] = socket.gethostname()
-        lr = local_of.get(int(res.get("rank", -1)))
-        if lr is not None:  # the GPU (nvidia-smi index) this rank ran on
-            res["gpu"] = visible[lr] if lr < len(visible) else str(lr)
-    return out
+    for world_spec, out in zip([spec, then] if then else [spec], worlds):
+        local_of = {int(r): int(lr) for r, lr in world_spec["ranks"]}
+        for res in out:
+            res["node"] = socket.gethostname()
+            lr = local_of.get(int(res.get("rank", -1)))
+            if lr is not None:  # the GPU (nvidia-smi index) this rank ran on
+                res["gpu"] = visible[lr] if lr < len(visible) else str(lr)
+    return worlds
+
+
+def then_spec(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The second world of a chained run as a spec of its own (the first's python, env and args, plus its own)."""
+    t = spec.get("then")
+    if not t:
+        return None
+    base = {k: v for k, v in spec.items() if k not in ("then", "delay_ranks")}
+    args = [*spec.get("args", []), *t.get("args", []), "--deadline-factor", str(t.get("deadline_factor", 0))]
+    return {**base, **{k: v for k, v in t.items() if k != "args"}, "args": args}
+
+
+def _members_of(world_spec: dict[str, Any], first_members: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A world's [global, local] pairs on the local ranks of one group of the first world."""
+    locals_ = {lr for _, lr in first_members}
+    return [(int(r), int(lr)) for r, lr in world_spec["ranks"] if int(lr) in locals_]
 
 
 def numa_groups(spec: dict[str, Any]) -> dict[int | None, list[tuple[int, int]]]:
@@ -857,12 +948,18 @@ def rank_args(spec: dict[str, Any], rank: int, local: int) -> list[str]:
 
 
 def group_argv(
-    spec: dict[str, Any], members: list[tuple[int, int]], numa: int | None, numactl: str | None
+    spec: dict[str, Any],
+    members: list[tuple[int, int]],
+    numa: int | None,
+    numactl: str | None,
+    then: dict[str, Any] | None = None,
 ) -> list[str]:
-    """The command of one NUMA node's ranks; bound to that node (CPUs and memory) when the topology gave
-    it and numactl is installed, as engines pin their ranks."""
+    """The command of one NUMA node's ranks (and of its ranks of the `then` world); bound to that node (CPUs
+    and memory) when the topology gave it and numactl is installed, as engines pin their ranks."""
     ranks = json.dumps([rank_args(spec, rank, local) for rank, local in members])
     argv = [spec["python"], "-m", "llmfleet.nccl_check", "ranks", "--spec", ranks]
+    if then:
+        argv += ["--then", json.dumps([rank_args(then, r, lr) for r, lr in _members_of(then, members)])]
     if numactl and numa is not None:
         argv = [numactl, f"--cpunodebind={numa}", f"--membind={numa}", *argv]
     return argv

@@ -149,3 +149,36 @@ def test_a_forked_rank_that_never_arrives_is_named_by_its_peers_and_its_watchdog
     by = {r["rank"]: r for r in ranks}
     assert by[2]["exit"] == nccl_check.EXIT_TIMEOUT and "watchdog" in by[2]["error"], by[2]
     assert nccl_verdict.judge(ranks)["missing_ranks"] == [2], ranks
+
+
+def test_chained_worlds_fork_from_one_import_and_share_the_slowest_previous_wall():
+    """Phase 2 starts on each node as soon as its phase 1 has ended, from the same import; its deadline is the
+    one the role would derive from every node's phase 1, agreed once every rank has arrived."""
+    pytest.importorskip("torch")
+    import math
+    import threading
+
+    full_port = nccl_check.free_port()
+
+    def node(index: int, delay: dict) -> dict:
+        spec = node_spec(world=1, ranks=[[0, 0]], port=nccl_check.free_port(), delay_ranks=delay)
+        spec["then"] = {"world": 2, "master": "127.0.0.1", "port": full_port, "ranks": [[index, 0]], "deadline": 60,
+                        "deadline_factor": 2, "args": ["--corrupt-rank", "1"], "delay_ranks": {}}  # fmt: skip
+        return spec
+
+    got: dict[int, list] = {}
+    # node 1's phase 1 is slow: its rank starts 3 s late
+    threads = [threading.Thread(target=lambda i=i, d=d: got.__setitem__(i, nccl_check.run_node_worlds(node(i, d))))
+               for i, d in ((0, {}), (1, {"0": 3}))]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    (single0,), (full0,) = got[0]
+    (single1,), (full1,) = got[1]
+    assert single0["ok"] and single1["ok"] and single1["wall_s"] >= 3
+    assert full0["forked_from"] == single0["forked_from"] and full1["forked_from"] == single1["forked_from"]
+    # the then-world's own args (corrupt rank 1) apply to it only, and both ranks judge it
+    assert full0["culprit_ranks"] == [1] == full1["culprit_ranks"] and not full0["ok"]
+    slowest = max(single0["wall_s"], single1["wall_s"])
+    assert full0["deadline_s"] == full1["deadline_s"] == min(60, math.ceil(slowest * 2 + 10)), (full0, full1)

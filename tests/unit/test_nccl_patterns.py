@@ -158,7 +158,7 @@ def test_the_module_refuses_such_a_world_before_starting_ranks(monkeypatch, tmp_
     from tests.unit.modules.util import Recorder, fail
 
     ranks = Recorder([])
-    monkeypatch.setattr(mod, "run_node_ranks", ranks)
+    monkeypatch.setattr(mod, "run_node_worlds", ranks)
     args = {"python": "/py", "env_file": str(tmp_path / "none"), "world": MAX_WORLD + 1, "master": "10.0.0.1",
             "port": 29600, "ranks": [[0, 0]]}  # fmt: skip
     assert (
