@@ -17,7 +17,8 @@ sys.path.insert(0, "module_utils")
 from llmfleet import nccl_check
 
 out = os.environ.get("OUT", "/tmp")
-# Two ranks on one GPU: NCCL's socket transport (no P2P/SHM between "nodes"), as on a fabric without RDMA.
+# Two ranks on one GPU: NCCL's socket transport (no P2P/SHM between "nodes"), as on a fabric without RDMA;
+# each "node" its own NCCL_HOSTID (spec env), so NCCL treats them as two hosts, not a duplicate GPU.
 os.environ.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
 ARGS = ["--backend", "nccl", "--sizes", "8,64K,1M,64M", "--iters", "10", "--warmup", "3", "--timeout", "60",
         "--op-timeout", "60"]  # fmt: skip
@@ -30,6 +31,7 @@ def run(corrupt: int) -> dict:
     def node(i: int) -> None:
         spec = {"python": sys.executable, "pythonpath": os.path.abspath("module_utils"), "world": 1,
                 "master": "127.0.0.1", "port": nccl_check.free_port(), "deadline": 300, "ranks": [[0, 0]],
+                "env": {"NCCL_HOSTID": f"llmfleet-node-{i}"},
                 "args": ARGS,
                 "then": {"world": 2, "master": "127.0.0.1", "port": port, "ranks": [[i, 0]], "deadline": 300,
                          "deadline_factor": 3, "args": ["--corrupt-rank", str(corrupt)]}}  # fmt: skip
