@@ -140,6 +140,7 @@ bench: install
 	$(PY) bench/engine_bench.py --runs 3 --out docs/bench-engine.md
 	$(PY) bench/heal_bench.py --runs 1 --engine both --out docs/bench-heal.md
 	$(PY) bench/oncall_bench.py --nodes 2 4 8 16 --runs 3 --out docs/bench-oncall.md
+	$(PY) bench/site_bench.py --out docs/bench-site.md
 	$(PY) bench/stage_scale.py --lab-check
 
 clean:
