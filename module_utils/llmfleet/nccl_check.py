@@ -255,7 +255,7 @@ class Rank:
         except Exception as e:
             raise StoreUnreachable(f"cannot reach the rendezvous store of rank 0 at {self.a.master}:{self.a.port} "
                                    f"within {self.a.timeout}s: {str(e)[:200]}") from None  # fmt: skip
-        chained = getattr(self.a, "prev_wall", None) is not None and getattr(self.a, "deadline_factor", 0) > 0
+        chained = self.a.prev_wall is not None and self.a.deadline_factor > 0
         if chained:  # before this rank's phase key: whoever sees every phase key also sees every wall
             self.store.set(f"prev_wall/{self.rank}", str(self.a.prev_wall))
         self.set_phase("rendezvous")
@@ -746,7 +746,6 @@ def run_ranks(ranks: list[argparse.Namespace], then: list[argparse.Namespace] | 
     import torch.distributed  # noqa: F401
 
     tmp = tempfile.mkdtemp(prefix="llmfleet-nccl-check-")  # private (0700): the ranks' outputs
-    ok = True
     try:
         out = _fork_world(ranks, tmp)
         print(json.dumps(out), flush=True)
@@ -864,6 +863,7 @@ def run_node_worlds(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
         env["PYTHONPATH"] = spec["pythonpath"] + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     numactl = shutil.which("numactl")
     then = then_spec(spec)
+    world_specs = [spec, then] if then else [spec]
     procs = []
     t0 = time.monotonic()
     for numa, members in numa_groups(spec).items():
@@ -872,7 +872,7 @@ def run_node_worlds(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)  # fmt: skip
         procs.append((members, p))
-    worlds: list[list[dict[str, Any]]] = [[] for _ in range(2 if then else 1)]
+    worlds: list[list[dict[str, Any]]] = [[] for _ in world_specs]
     # The ranks' deadlines count from their fork, after the import (and the first world, for the second's).
     end = t0 + spec["deadline"] + 45 + (then["deadline"] + 10 if then else 0)
     for members, p in procs:
@@ -883,7 +883,7 @@ def run_node_worlds(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
             so, se = p.communicate()
         lines = [ln for ln in so.splitlines() if ln.startswith("[")]
         wall = round(time.monotonic() - t0, 2)
-        for k, world_spec in enumerate([spec, then] if then else [spec]):
+        for k, world_spec in enumerate(world_specs):
             try:
                 got = {int(r["rank"]): r for r in json.loads(lines[k])} if k < len(lines) else {}
             except (ValueError, KeyError, TypeError):
@@ -891,7 +891,7 @@ def run_node_worlds(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
             for rank, _ in _members_of(world_spec, members):
                 worlds[k].append(got.get(rank) or rank_result(rank, "", se, p.returncode, wall))
     visible = [v for v in (spec.get("env") or {}).get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
-    for world_spec, out in zip([spec, then] if then else [spec], worlds):
+    for world_spec, out in zip(world_specs, worlds, strict=True):
         local_of = {int(r): int(lr) for r, lr in world_spec["ranks"]}
         for res in out:
             res["node"] = socket.gethostname()
