@@ -43,6 +43,13 @@ GiB = 1024**3
 REV = "b" * 40
 
 
+def busy_cpu_s() -> float:
+    """The whole machine's busy CPU-seconds so far (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def drop_caches() -> None:
     subprocess.run(["sync"], check=True)
     try:
@@ -253,36 +260,57 @@ def bench_fleet(nodes: int, gb: float) -> tuple[str, dict]:
             [str(BIN / "ansible"), "node1", *base, "-m", "llmfleet_model_manifest", "-a", json.dumps(margs)],
             cwd=ROOT, env=env, check=True, capture_output=True,
         )  # fmt: skip
-        drop_caches()
-        t0 = time.monotonic()
-        subprocess.run(
-            [str(BIN / "ansible-playbook"), *base, "-e", json.dumps(ev), "playbooks/model_stage.yml"],
-            cwd=ROOT, env=env, check=True, capture_output=True,
-        )  # fmt: skip
-        fan = time.monotonic() - t0
-        res = json.loads((WORK / "stage-fleet.json").read_text())["nodes"]
+
+        def wipe() -> None:
+            for i in range(1, nodes + 1):
+                lab.node(i).nsenter("rm", "-rf", "/mnt/nvme/models", "/mnt/nvme/naive", check=True)
+            drop_caches()
+
+        def staged(limit: list[str]) -> tuple[float, float, dict]:
+            wipe()
+            c0, t0 = busy_cpu_s(), time.monotonic()
+            subprocess.run(
+                [str(BIN / "ansible-playbook"), *base, *limit, "-e", json.dumps(ev), "playbooks/model_stage.yml"],
+                cwd=ROOT, env=env, check=True, capture_output=True,
+            )  # fmt: skip
+            wall, cpu = time.monotonic() - t0, busy_cpu_s() - c0
+            return wall, cpu, json.loads((WORK / "stage-fleet.json").read_text())["nodes"]
+
+        one, one_cpu, _ = staged(["--limit", "node1"])  # the same playbook, one node staging alone
+        fan, fan_cpu, res = staged([])
         src_read = sum(r["source_bytes_read"] for r in res.values())
-        for i in range(1, nodes + 1):
-            lab.node(i).nsenter("rm", "-rf", "/mnt/nvme/models", check=True)
-        drop_caches()
-        t0 = time.monotonic()
+        served = {h: r["served_bytes"] for h, r in res.items()}
+        wipe()
+        c0, t0 = busy_cpu_s(), time.monotonic()
         subprocess.run(
             [str(BIN / "ansible"), "llmfleet_nodes", *base, "-m", "ansible.builtin.shell", "-a",
              "mkdir -p /mnt/nvme/naive && cp -r /mnt/shared/fleet /mnt/nvme/naive/ && sync"],
             cwd=ROOT, env=env, check=True, capture_output=True,
         )  # fmt: skip
+        naive_cpu = busy_cpu_s() - c0
         naive = time.monotonic() - t0
     finally:
         lab.down()
+    cpus = os.cpu_count() or 1
     text = (
         f"Revision: {size / GiB:.2f} GiB in 16 shards, {nodes} lab nodes (one machine: the nodes share its disk and "
-        "2 CPUs, so wall times are a lower bound on real fan-out gains; bytes read are exact).\n\n"
-        "| method | bytes read from shared storage | x revision | wall s |\n|---|---:|---:|---:|\n"
-        "| llmfleet model_stage (1 seed, peer fan-out, sha256 everywhere) "
-        f"| {src_read} | {src_read / size:.2f}x | {fan:.1f} |\n"
-        f"| {nodes} independent `cp -r` + sync | {nodes * size} | {nodes:.2f}x | {naive:.1f} |"
+        f"{cpus} CPUs, so {nodes} nodes do {nodes}x one node's hashing and writing on the same cores and disk; bytes "
+        "read are exact). Busy CPU = the whole machine's busy CPU-seconds during the run (/proc/stat), "
+        f"out of {cpus} x wall.\n\n"
+        "| method | bytes read from shared storage | x revision | wall s | x one node | busy CPU s |\n"
+        "|---|---:|---:|---:|---:|---:|\n"
+        f"| llmfleet model_stage, node1 alone (`--limit node1`) | {size} | 1.00x | {one:.1f} | 1.00x "
+        f"| {one_cpu:.0f} |\n"
+        "| llmfleet model_stage (1 seed, relay tree, cut-through, sha256 everywhere) "
+        f"| {src_read} | {src_read / size:.2f}x | {fan:.1f} | {fan / one:.2f}x | {fan_cpu:.0f} |\n"
+        f"| {nodes} independent `cp -r` + sync | {nodes * size} | {nodes:.2f}x | {naive:.1f} | {naive / one:.2f}x "
+        f"| {naive_cpu:.0f} |\n\n"
+        "Bytes each node passed on to others: "
+        + ", ".join(f"{h} {b / GiB:.2f} GiB" for h, b in sorted(served.items()))
+        + "."
     )
-    return text, {"src_read": src_read, "size": size, "fan_s": fan, "naive_s": naive}
+    return text, {"src_read": src_read, "size": size, "fan_s": fan, "one_s": one, "naive_s": naive, "served": served,
+                  "cpu_s": {"one": one_cpu, "fan": fan_cpu, "naive": naive_cpu}}  # fmt: skip
 
 
 def main() -> int:
@@ -304,7 +332,9 @@ def main() -> int:
     if "restage" not in a.skip:
         parts.append(("Re-stage of an unchanged revision", bench_restage()[0]))
     if "fleet" not in a.skip:
-        parts.append((f"{a.nodes} nodes: shared-storage reads", bench_fleet(a.nodes, a.fleet_gb)[0]))
+        parts.append(
+            (f"{a.nodes} nodes: shared-storage reads, wall time against one node", bench_fleet(a.nodes, a.fleet_gb)[0])
+        )
     cmd = " ".join(["bench/stage_bench.py", *sys.argv[1:]])
     day = time.strftime("%Y-%m-%d", time.gmtime())
     text = f"## Model staging\n\nCommand: `.venv/bin/python {cmd}` ({day}, {os.cpu_count()} CPUs)\n"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,7 @@ def plan(req: StageRequest) -> dict[str, Any]:
 
 def stage(
     req: StageRequest,
-    sources: Callable[[str], list[Any]],
+    sources: Callable[[str], Iterable[Any]],
     on_source_phase: Callable[[], Any] | None = None,
     *,
     locked: bool = False,
@@ -143,7 +143,7 @@ def stage(
 def _stage_locked(
     req: StageRequest,
     mdir: str,
-    sources: Callable[[str], list[Any]],
+    sources: Callable[[str], Iterable[Any]],
     on_source_phase: Callable[[], Any] | None,
     check: Callable[[], None] | None,
 ) -> dict[str, Any]:
@@ -183,7 +183,7 @@ def _stage_locked(
         own = LocalCopy(rdir)
         intact = {e["path"] for e in unlinkable}
 
-        def fetch(rel: str) -> list[Any]:
+        def fetch(rel: str) -> Iterable[Any]:
             return [own] if rel in intact else sources(rel)
 
         why = f"repairing {req.revision[:12]}: {len(p['todo'])} damaged file(s) to re-fetch"

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,43 +70,76 @@ def _refused(e: BaseException) -> bool:
     return isinstance(e, ConnectionRefusedError) or isinstance(getattr(e, "reason", None), ConnectionRefusedError)
 
 
-class StatusBoard:
-    """Peers' /status, refreshed at most every 0.5 s, shared by the copy threads."""
+RELAY_FANOUT = 2  # every node passes a file on to at most this many others (a binary tree per file)
+STATUS_WAIT_S = 5.0  # one long poll of a peer's /status
 
-    def __init__(self, peers: dict[str, PeerSource]) -> None:
+
+class StatusBoard:
+    """Peers' /status as it changes: one thread per peer long-polls it (peer.py answers when its
+    status changes), and whoever waits for a file wakes on the change (no polling interval)."""
+
+    def __init__(self, peers: dict[str, PeerSource], me: str = "") -> None:
         self.peers = peers
+        self.me = me
         self.status: dict[str, dict[str, Any]] = {}
         self.last_seen: dict[str, float] = {}
         self.fresh: set[str] = set()
         self.closed: set[str] = set()
         self.first_try = time.monotonic()
-        self._t = 0.0
-        self._lock = threading.Lock()
+        self.changed = threading.Condition()
+        self._stop = threading.Event()
 
-    def refresh(self) -> None:
-        with self._lock:
-            if time.monotonic() - self._t < 0.5:
-                return
-            self._t = time.monotonic()
-            for h, ps in self.peers.items():
-                try:
-                    self.status[h] = ps.status()
-                    self.last_seen[h] = time.monotonic()
-                    self.fresh.add(h)
-                except (OSError, ValueError) as e:
+    def start(self) -> StatusBoard:
+        for h in self.peers:
+            threading.Thread(target=self._watch, args=(h,), name=f"status-{h}", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self, h: str) -> None:
+        seen = ""
+        while not self._stop.is_set():
+            try:
+                st = self.peers[h].status(seen, STATUS_WAIT_S, self.me)
+            except Exception as e:  # any failure of one peer's answer: its watcher must go on
+                with self.changed:
                     if h in self.last_seen and _refused(e):
                         self.closed.add(h)  # it served before and stopped: finished or dead
                     # Keep the last status (a peer that said "done" and then stopped serving is
                     # done), but never fetch from a peer that did not answer this round.
                     self.fresh.discard(h)
+                    self.changed.notify_all()
+                seen = ""
+                self._stop.wait(0.25)  # not up yet or gone: ask again soon, not in a tight loop
+                continue
+            with self.changed:
+                self.status[h] = st
+                self.last_seen[h] = time.monotonic()
+                self.fresh.add(h)
+                self.closed.discard(h)
+                self.changed.notify_all()
+            seen = st.get("sig") or ""
+            if not seen:
+                self._stop.wait(0.25)  # a peer without long polls (an older llmfleet): plain polling
+
+    def wait(self, timeout: float) -> None:
+        """Until some peer's status changed, or timeout seconds. Call with self.changed held."""
+        self.changed.wait(timeout)
 
     def holders(self, rel: str) -> list[str]:
         return [h for h, st in self.status.items() if h in self.fresh and rel in st.get("have", ())]
 
+    def writers(self, rel: str) -> list[str]:
+        return [h for h, st in self.status.items() if h in self.fresh and rel in st.get("writing", ())]
+
+    def load(self, host: str) -> int:
+        return int(self.status.get(host, {}).get("serving") or 0)
+
     def gone(self, host: str, dead_after: float) -> bool:
         """The peer failed, or has not answered for dead_after seconds."""
         st = self.status.get(host)
-        if st and st.get("failed"):
+        if (st and st.get("failed")) or host in self.closed:
             return True
         seen = self.last_seen.get(host, self.first_try)
         return time.monotonic() - seen > dead_after
@@ -115,6 +149,42 @@ class StatusBoard:
         return all(
             self.status.get(h, {}).get("done") or h in self.closed or self.gone(h, dead_after) for h in self.peers
         )
+
+
+def choose(
+    board: StatusBoard, rel: str, parent: str | None, owner: str | None, tried: set[str], *, dead_after: float
+) -> tuple[str | None, bool]:
+    """The peer to take rel from next, and whether to wait for the board to change first (none has
+    it yet, but one that will is alive). Peers in tried failed already. In order: the tree parent
+    when it has the file or is writing it (cut-through); else a peer that has it whole and sends
+    fewer than RELAY_FANOUT files now (the least busy); else, when the parent cannot help (none,
+    failed, gone), the least busy peer that has it or is writing it."""
+    have = [h for h in board.holders(rel) if h not in tried]
+    busy = [h for h in board.writers(rel) if h not in tried]
+    if parent and parent not in tried and (parent in have or parent in busy):
+        return parent, False
+    spare = [h for h in have if board.load(h) < RELAY_FANOUT]
+    if spare:
+        return min(spare, key=board.load), False
+    parent_alive = parent is not None and parent not in tried and not board.gone(parent, dead_after)
+    if (have or busy) and not parent_alive:
+        return min(have or busy, key=board.load), False
+    cands = [c for c in (parent, owner) if c and c not in tried] or [h for h in board.peers if h not in tried]
+    return None, any(not board.gone(c, dead_after) for c in cands)
+
+
+def relay_parent(rel: str, me: str, owner: str | None, hosts: list[str], fanout: int = RELAY_FANOUT) -> str | None:
+    """Whom `me` takes `rel` from when everything goes to plan: the nodes form a `fanout`-ary tree
+    per file with the file's owner (the seed reading it from shared storage) at the root and the
+    others in an order rotated by the file, so each node passes on about as much as it receives
+    and no node (the seed least of all) sends one file to every other. None for the root, or
+    when rel has no owner (every node then takes it from whoever has it)."""
+    if owner is None or owner == me or me not in hosts:
+        return None
+    rest = sorted(h for h in hosts if h != owner)
+    k = int(hashlib.sha256(rel.encode()).hexdigest()[:8], 16) % len(rest)
+    order = [owner, *rest[k:], *rest[:k]]
+    return order[(order.index(me) - 1) // fanout]
 
 
 def run_node(req: StageRequest, cfg: SwarmConfig) -> dict[str, Any]:
@@ -145,12 +215,28 @@ def _serve(state: PeerState, cfg: SwarmConfig, mdir: str) -> Any:
         ) from None
 
 
+def _serve_until_peers_done(board: StatusBoard, state: PeerState, cfg: SwarmConfig) -> None:
+    """Keep serving until every peer is done (or finish_wait): they may still need our files. And
+    until every peer still there has seen us done: one that never reached us would otherwise wait
+    for us until peer_dead_after (one that saw us, then finds the port closed, counts us as done)."""
+    end = time.monotonic() + cfg.finish_wait
+    with board.changed:
+        while time.monotonic() < end:
+            if board.all_done(cfg.peer_dead_after):
+                if all(h in state.seen_done or board.gone(h, cfg.peer_dead_after) for h in board.peers):
+                    return
+                board.wait(0.05)  # what we wait for now is a peer's next status request, not a change
+                continue
+            board.wait(min(1.0, max(0.0, end - time.monotonic())))
+
+
 def _run_locked(req: StageRequest, cfg: SwarmConfig, mdir: str) -> dict[str, Any]:
     state = PeerState(mdir, req.revision, req.manifest, cfg.me)
     server = _serve(state, cfg, mdir) if cfg.serve_port else None
     peers = {h: PeerSource(u) for h, u in cfg.peers.items() if h != cfg.me}
-    board = StatusBoard(peers)
+    board = StatusBoard(peers, cfg.me).start()
     assignment = assign_files(req.manifest["files"], [s for s in cfg.seeds if s in cfg.peers or s == cfg.me])
+    hosts = sorted({*cfg.peers, cfg.me})
     local = LocalSource(cfg.source_dir)
     lease = SharedLease(
         Lease(
@@ -164,23 +250,27 @@ def _run_locked(req: StageRequest, cfg: SwarmConfig, mdir: str) -> dict[str, Any
     )
     fallbacks: list[str] = []
 
-    def sources(rel: str) -> list[Any]:
+    def pick(rel: str, owner: str | None, parent: str | None, tried: set[str]) -> str | None:
+        deadline = time.monotonic() + cfg.peer_wait
+        with board.changed:
+            while True:
+                h, wait = choose(board, rel, parent, owner, tried, dead_after=cfg.peer_dead_after)
+                if not wait or time.monotonic() >= deadline:
+                    return h
+                board.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    def sources(rel: str) -> Iterator[Any]:
         owner = assignment.get(rel)
         if not peers or owner == cfg.me:
-            return [local]
-        deadline = time.monotonic() + cfg.peer_wait
-        while time.monotonic() < deadline:
-            board.refresh()
-            have = board.holders(rel)
-            if have:
-                have.sort(key=lambda h: h != owner)  # the owner first: it has the file in page cache
-                return [peers[h] for h in have] + [local]
-            candidates = [owner] if owner else list(peers)
-            if all(board.gone(h, cfg.peer_dead_after) for h in candidates):
-                break
-            time.sleep(0.25)
+            yield local
+            return
+        parent = relay_parent(rel, cfg.me, owner, hosts)
+        tried: set[str] = set()
+        while (h := pick(rel, owner, parent, tried)) is not None:
+            tried.add(h)
+            yield peers[h].following()
         fallbacks.append(rel)
-        return [local]
+        yield local
 
     result: dict[str, Any] = {}
     try:
@@ -190,16 +280,9 @@ def _run_locked(req: StageRequest, cfg: SwarmConfig, mdir: str) -> dict[str, Any
         raise
     finally:
         state.done = True
-        if server and not req.check_mode:
-            # Keep serving until every peer is done (or the deadline): they may still need our files.
-            end = time.monotonic() + cfg.finish_wait
-            while time.monotonic() < end and peers:
-                board._t = 0.0
-                board.refresh()
-                if board.all_done(cfg.peer_dead_after):
-                    time.sleep(1.0)  # linger so peers polling us can see "done" before we close
-                    break
-                time.sleep(0.5)
+        if server and not req.check_mode and peers:
+            _serve_until_peers_done(board, state, cfg)
+        board.stop()
         if server:
             with contextlib.suppress(Exception):
                 server.shutdown()

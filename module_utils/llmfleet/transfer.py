@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import http.client
 import json
 import os
 import socket
 import threading
 import time
+import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
@@ -120,23 +122,32 @@ class LocalCopy(LocalSource):
 
 class PeerSource:
     """Another node's verified copy, over HTTP on the fabric network (never trusted: the
-    receiver hashes and compares with the manifest)."""
+    receiver hashes and compares with the manifest). follow=True also takes a copy the peer is
+    still writing, as it grows (cut-through: peer.py)."""
 
     from_peer = True
 
-    def __init__(self, url: str, timeout: float = 30) -> None:
+    def __init__(self, url: str, timeout: float = 30, *, follow: bool = False) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.follow = follow
 
     def open(self, rel: str) -> BinaryIO:
-        return urllib.request.urlopen(f"{self.url}/files/{urllib.request.quote(rel)}", timeout=self.timeout)  # noqa: S310
+        q = "?follow=1" if self.follow else ""
+        return urllib.request.urlopen(f"{self.url}/files/{urllib.request.quote(rel)}{q}", timeout=self.timeout)  # noqa: S310
 
-    def status(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.url}/status", timeout=5) as r:  # noqa: S310
+    def following(self) -> PeerSource:
+        return PeerSource(self.url, self.timeout, follow=True)
+
+    def status(self, seen: str = "", wait: float = 0.0, asker: str = "") -> dict[str, Any]:
+        """The peer's status; with seen, once it differs from that signature or after wait seconds.
+        asker: who asks (the peer then knows that node has seen it done)."""
+        q = urllib.parse.urlencode({k: v for k, v in (("seen", seen), ("wait", f"{wait:g}"), ("from", asker)) if v})
+        with urllib.request.urlopen(f"{self.url}/status?{q}", timeout=5 + wait) as r:  # noqa: S310
             return json.loads(r.read())
 
     def __str__(self) -> str:
-        return self.url
+        return f"{self.url} (cut-through)" if self.follow else self.url
 
 
 def fetch_file(
@@ -157,10 +168,12 @@ def fetch_file(
     try:
         with source.open(rel) as src:
             got = copy_stream(src, tmp, want, progress, from_peer=source.from_peer, limit=limit, check=check)
-    except OSError as e:
+    except (OSError, http.client.HTTPException) as e:
+        # HTTPException: a peer that closed before the whole file (it died, or the copy it was
+        # passing on cut-through failed) is one more source that failed, not the end of the run.
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # on ENOSPC this frees the space the failed copy took
-        if e.errno == errno.ENOSPC:
+        if getattr(e, "errno", None) == errno.ENOSPC:
             raise DiskFullError(
                 f"{socket.gethostname()}: disk full while copying {rel} into {partial}: nothing published changed "
                 "(published revisions and `current` are as before) and the failed file was removed; free space "
@@ -188,7 +201,7 @@ def copy_all(
     progress: Progress,
     threads: int,
     *,
-    sources: Callable[[str], list[Any]],
+    sources: Callable[[str], Iterable[Any]],
     on_source_phase: Callable[[], Any] | None,
     limit: RateLimit,
     check: Callable[[], None] | None = None,

@@ -1,5 +1,6 @@
 """Fan-out: seeds read shared storage once, peers serve verified files, receivers verify."""
 
+import http.client
 import http.server
 import json
 import os
@@ -8,7 +9,7 @@ import threading
 
 import pytest
 
-from llmfleet import checkpoint, stage, swarm
+from llmfleet import checkpoint, peer, stage, store, swarm, transfer
 from llmfleet.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
 
@@ -26,14 +27,15 @@ def src(tmp_path):
     return make_checkpoint(tmp_path / "shared" / "m", shards=6, tensors_per_shard=2, shape=(128, 64))
 
 
-def run_fleet(tmp_path, src, hosts, seeds, **cfg_kw):
+def run_fleet(tmp_path, src, hosts, seeds, req_kw=None, **cfg_kw):
     manifest = build_manifest(str(src))
     ports = {h: free_port() for h in hosts}
     peers = {h: f"http://127.0.0.1:{ports[h]}" for h in hosts}
     results, errors = {}, {}
 
     def node(h):
-        req = stage.StageRequest(root=str(tmp_path / h), model="m", revision=REV, manifest=manifest, threads=2)
+        kw = (req_kw or {}).get(h, {})
+        req = stage.StageRequest(root=str(tmp_path / h), model="m", revision=REV, manifest=manifest, threads=2, **kw)
         cfg = swarm.SwarmConfig(
             me=h,
             source_dir=str(src),
@@ -72,6 +74,25 @@ def test_four_nodes_read_shared_storage_once(tmp_path, src):
     assert sum(r["served_bytes"] for r in res.values()) == 3 * total  # every node got what it lacked from peers
 
 
+def test_seeds_pass_files_on_through_a_tree_not_a_star(tmp_path, src, monkeypatch):
+    """The seeds read slowly (small chunks, a rate limit), so every node joins each file while it is being written: each file
+    goes from its seed to RELAY_FANOUT nodes, which pass it on (cut-through). A star would have the seeds send
+    everything to everyone (3x the revision for 4 nodes)."""
+    hosts = ["n1", "n2", "n3", "n4"]
+    monkeypatch.setattr(transfer, "CHUNK", 4096)
+    slow = {"rate_limit_bytes_per_s": 200_000}
+    manifest, res = run_fleet(tmp_path, src, hosts, seeds=["n1", "n2"], req_kw={"n1": slow, "n2": slow})
+    total = manifest["total_bytes"]
+    assert sum(r["source_bytes_read"] for r in res.values()) == total
+    served = {h: r["served_bytes"] for h, r in res.items()}
+    assert sum(served.values()) == 3 * total
+    assert served["n3"] + served["n4"] > 0  # non-seeds passed files on
+    assert served["n1"] + served["n2"] < 3 * total
+    for h in hosts:
+        assert res[h]["source_fallback_files"] == []
+        assert checkpoint.verify(str(tmp_path / h / "m" / REV), None).ok
+
+
 def test_already_published_node_serves_everything(tmp_path, src):
     manifest = build_manifest(str(src))
     stage.stage(
@@ -93,10 +114,10 @@ def test_a_lying_peer_is_not_trusted(tmp_path, src):
             pass
 
         def do_GET(self):
-            if self.path == "/status":
+            if self.path.split("?")[0] == "/status":
                 body = json.dumps({"have": names, "done": False, "failed": None}).encode()
             else:
-                rel = self.path[len("/files/") :]
+                rel = self.path.split("?")[0][len("/files/") :]
                 body = bytearray((src / rel).read_bytes())
                 body[len(body) // 2] ^= 0xFF  # same size, wrong content
                 body = bytes(body)
@@ -142,3 +163,152 @@ def test_dead_seed_falls_back_to_source(tmp_path, src):
     assert r["source_bytes_read"] == manifest["total_bytes"]
     assert sorted(r["source_fallback_files"]) == sorted(e["path"] for e in manifest["files"])
     assert os.path.isdir(tmp_path / "n2" / "m" / REV)
+
+
+def test_a_peer_that_breaks_off_or_talks_nonsense_is_one_failed_source(tmp_path, src):
+    """A peer that dies mid-file, or answers with something that is not HTTP, is one source that failed: the
+    file comes from the next. Before: the nonsense raised http.client.BadStatusLine (not an OSError) out of the
+    copy thread, and the whole staging run failed with a traceback."""
+    manifest = build_manifest(str(src))
+    names = [e["path"] for e in manifest["files"]]
+
+    class Quitter(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if self.path.split("?")[0] == "/status":
+                body = json.dumps({"have": names, "done": False, "failed": None}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            rel = self.path.split("?")[0][len("/files/") :]
+            body = (src / rel).read_bytes()
+            if names.index(rel) % 2:
+                self.wfile.write(b"nonsense\r\n\r\n")
+                self.close_connection = True
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])  # then the connection closes: a peer that died mid-file
+            self.close_connection = True
+
+    quitter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quitter)
+    threading.Thread(target=quitter.serve_forever, daemon=True).start()
+    req = stage.StageRequest(root=str(tmp_path / "n2"), model="m", revision=REV, manifest=manifest, threads=2)
+    cfg = swarm.SwarmConfig(
+        me="n2",
+        source_dir=str(src),
+        lease_dir=str(tmp_path / "leases"),
+        peers={"quitter": f"http://127.0.0.1:{quitter.server_port}"},
+        seeds=[],
+        finish_wait=0,
+    )
+    try:
+        r = swarm.run_node(req, cfg)
+    finally:
+        quitter.shutdown()
+    assert r["source_bytes_read"] == manifest["total_bytes"]
+    assert checkpoint.verify(str(tmp_path / "n2" / "m" / REV), None).ok
+
+
+def _growing_server(tmp_path, manifest):
+    """A peer server whose node is writing one file (the largest): returns (server, state, rel, part path)."""
+    mdir = tmp_path / "peer" / "m"
+    partial = mdir / f".partial-{REV}"
+    partial.mkdir(parents=True)
+    want = max(manifest["files"], key=lambda e: e["size"])
+    state = peer.PeerState(str(mdir), REV, manifest, "peer")
+    server = peer.serve_in_background(state, "127.0.0.1", 0)
+    return server, state, want, partial / (want["path"] + peer.PART)
+
+
+def test_a_file_still_being_written_is_passed_on_as_it_grows(tmp_path, src):
+    """Cut-through: the receiver gets the first half while the peer has not written the second."""
+    manifest = build_manifest(str(src))
+    server, state, want, part = _growing_server(tmp_path, manifest)
+    data = (src / want["path"]).read_bytes()
+    first_half_received = threading.Event()
+    part.parent.mkdir(parents=True, exist_ok=True)
+    with open(part, "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+
+        def rest():
+            first_half_received.wait(10)  # only once the receiver has had the first half
+            f.write(data[len(data) // 2 :])
+            f.flush()
+
+        writer = threading.Thread(target=rest)
+        writer.start()
+        try:
+            assert want["path"] in state.status()["writing"]
+            url = f"http://127.0.0.1:{server.server_port}"
+            with transfer.PeerSource(url).following().open(want["path"]) as r:
+                got = r.read(len(data) // 2)
+                first_half_received.set()
+                got += r.read()
+        finally:
+            first_half_received.set()
+            writer.join()
+            server.shutdown()
+    assert got == data
+    assert state.served_bytes == len(data)
+
+
+def test_a_cut_through_response_ends_short_when_the_writer_gives_up(tmp_path, src, monkeypatch):
+    """The writer's copy failed (its file removed half-way): the receiver's fetch fails at once, it does not hang."""
+    manifest = build_manifest(str(src))
+    server, _, want, part = _growing_server(tmp_path, manifest)
+    data = (src / want["path"]).read_bytes()
+    part.parent.mkdir(parents=True, exist_ok=True)
+    part.write_bytes(data[:100])
+    fd = os.open(part, os.O_RDONLY)  # keeps the inode alive, as the server's open file does
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        with transfer.PeerSource(url, timeout=60).following().open(want["path"]) as r:
+            part.unlink()
+            with pytest.raises(http.client.IncompleteRead):
+                r.read()
+        # ... and through fetch_file (the swarm's path) that is a StageError: the next source is tried
+        out = tmp_path / "out"
+        out.mkdir()
+        part.write_bytes(data[:100])
+        monkeypatch.setattr(peer, "STALL_S", 0.5)  # a writer that stopped without removing its file
+        journal = store.Journal(str(out))
+        with pytest.raises(stage.StageError, match=rf"{want['path']}: got 100 bytes, manifest says"):
+            transfer.fetch_file(transfer.PeerSource(url).following(), want["path"], str(out), want, journal)
+        assert not (out / want["path"]).exists()
+    finally:
+        os.close(fd)
+        server.shutdown()
+
+
+def test_relay_tree_spreads_the_passing_on():
+    """Each file: a tree rooted at its owner, at most RELAY_FANOUT children per node, and over many files every
+    node passes on about as much as it receives (the seed does not send every file to every node)."""
+    hosts = [f"n{i:02d}" for i in range(16)]
+    children = dict.fromkeys(hosts, 0)
+    for k in range(64):
+        rel = f"model-{k:05d}-of-00064.safetensors"
+        owner = hosts[k % 2]  # two seeds
+        parents = {h: swarm.relay_parent(rel, h, owner, hosts) for h in hosts}
+        assert parents[owner] is None
+        for h in hosts:  # every node reaches the owner, without a cycle
+            seen, cur = set(), h
+            while cur != owner:
+                assert cur not in seen
+                seen.add(cur)
+                cur = parents[cur]
+        per_file = {h: sum(1 for p in parents.values() if p == h) for h in hosts}
+        assert max(per_file.values()) <= swarm.RELAY_FANOUT
+        for h, n in per_file.items():
+            children[h] += n
+    assert sum(children.values()) == 64 * 15
+    non_seeds = [children[h] for h in hosts[2:]]
+    assert max(children.values()) <= 2 * 64  # a star would have the seeds send 32 files x 15 = 480
+    assert min(non_seeds) > 0
+    assert swarm.relay_parent("x", "n01", None, hosts) is None  # no owner: whoever has it
