@@ -15,6 +15,8 @@ display = Display()
 
 # Documented by the stub module library/llmfleet_job_wait.py (ansible-doc reads modules there).
 PROGRESS_FORMATS = ("none", "stage", "gate")
+# async_wrapper's job file while the job runs: {"started": true, "finished": false, ...} (1/0 before ansible-core 2.17)
+RUNNING = '"finished": (false|0)[,}]'
 
 
 def argument_spec() -> dict:
@@ -26,7 +28,7 @@ def argument_spec() -> dict:
         "progress": {"type": "str", "default": "none", "choices": list(PROGRESS_FORMATS)},
         "timeout": {"type": "int", "default": 21600},
         "interval": {"type": "float", "default": 5},
-        "poll": {"type": "float", "default": 2},
+        "poll": {"type": "float", "default": 0.25},
         "timeout_hint": {"type": "str", "default": ""},
     }
 
@@ -59,18 +61,20 @@ class ActionModule(ActionBase):
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
         start = time.monotonic()
         deadline = start + args["timeout"]
-        # Poll often (a finished job is seen within `poll`), speak every `interval`. A job with a progress file
-        # speaks as soon as that file exists (read at every poll until then), a job without one only once it has
-        # run a whole interval (a quick job prints nothing). A job that ends before its progress was ever shown
+        # Wait on the node (it looks at the job file every `poll` seconds: a finished job is seen within that), speak
+        # every `interval`: one SSH round trip per progress line, not one per look. A job with a progress file
+        # speaks as soon as that file exists (read every half second until then), a job without one only once it
+        # has run a whole interval (a quick job prints nothing). A job that ends before its progress was ever shown
         # gets its last progress line: the person always sees where each node ended, however quick the job.
         next_line = start + args["interval"]
-        last, shown = None, False
+        last, shown, wait = None, False, 0.0
         job_file = f"{async_dir.rstrip('/')}/{args['jid']}"
         while True:
-            # A shell `cat` of the job's status file, not an async_status module run: a module costs a Python
+            # A shell loop and `cat` of the job's status file, not an async_status module run: a module costs a Python
             # start-up and ansible's imports on the node (or on the ops host for a delegated gate), 0.3-0.5 s of CPU
-            # per poll on 2 cores, taken from the very start it waits for. The module still reads the result.
-            if self._still_running(self._read(job_file)):
+            # per look on 2 cores, taken from the very start it waits for. The module still reads the result.
+            t0 = time.monotonic()
+            if self._still_running(self._wait_read(job_file, wait, args["poll"])):
                 st = {"finished": False}
             else:
                 st = self._execute_module(
@@ -83,14 +87,7 @@ class ActionModule(ActionBase):
                     line = _line(args["progress"], self._progress(args["progress_path"], last), host)
                     if line:
                         display.display(line)
-                self._execute_module(
-                    module_name="ansible.legacy.async_status",
-                    module_args={"jid": args["jid"], "mode": "cleanup", "_async_dir": async_dir},
-                    task_vars=task_vars,
-                )
-                for k in ("ansible_job_id", "results_file", "started", "finished", "erased"):
-                    st.pop(k, None)
-                return st
+                return self._cleaned_up(st, args["jid"], async_dir, task_vars)
             now = time.monotonic()
             if args["progress_path"] and (now >= next_line or not shown):
                 last = self._progress(args["progress_path"], last)
@@ -109,9 +106,37 @@ class ActionModule(ActionBase):
                     f"{host}: {args['what']} still running after {args['timeout']} s (last progress: {seen}); the job "
                     f"goes on on the node (async job {args['jid']}, until its async limit).{hint}"
                 )
-            # Quick jobs are common (a gate against units already serving, a world of one node): poll
-            # every half second for the first few seconds, then every `poll`.
-            time.sleep(min(args["poll"], args["interval"], 0.5 if now - start < 5 else args["poll"]))
+            if wait > 0 and now - t0 < wait / 2:
+                time.sleep(args["poll"])  # the node's wait ended early (the job file not written yet): no tight loop
+            # The next wait on the node: until the next line is due (a progress file not there yet: half a second)
+            # or the deadline, at least one look.
+            wait = max(args["poll"], min(next_line, deadline + 1) - now)
+            wait = min(wait, 0.5) if args["progress_path"] and not shown else wait
+
+    def _cleaned_up(self, st: dict, jid: str, async_dir: str, task_vars: dict) -> dict:
+        """The job's own result, its async status file removed."""
+        self._execute_module(
+            module_name="ansible.legacy.async_status",
+            module_args={"jid": jid, "mode": "cleanup", "_async_dir": async_dir},
+            task_vars=task_vars,
+        )
+        for k in ("ansible_job_id", "results_file", "started", "finished", "erased"):
+            st.pop(k, None)
+        return st
+
+    def _wait_read(self, path: str, seconds: float, every: float) -> str | None:
+        """The job file once it no longer says running, or after `seconds` (at once when 0): the looking is a
+        shell loop on the node, as the task's become user. None when the file cannot be read."""
+        q = shlex.quote(path)
+        looks = int(seconds / every) if seconds > 0 else 0
+        if looks <= 0:
+            return self._read(path)
+        cmd = (
+            f"i=0; while [ $i -lt {looks} ] && grep -qE {shlex.quote(RUNNING)} {q} 2>/dev/null; "
+            f"do sleep {every:g}; i=$((i+1)); done; cat -- {q}"
+        )
+        res = self._low_level_execute_command(cmd, sudoable=True)
+        return res.get("stdout") if res.get("rc") == 0 else None
 
     def _read(self, path: str) -> str | None:
         """A small text file on the target (as the task's become user), or None when it cannot be read."""

@@ -10,10 +10,12 @@ DOCUMENTATION = r"""
 module: llmfleet_job_wait
 short_description: Wait for an async llmfleet job, printing progress instead of retries
 description:
-  - Polls the async job I(jid) until it has finished, then cleans up its async status file and returns the job's
-    own result (without the async bookkeeping keys). While the job runs each poll is a shell C(cat) of its status
-    file (and of the progress file), read as C(async_status) reads it; the C(async_status) module, a Python start-up
-    on the node, runs only once the job has ended.
+  - Waits for the async job I(jid) to finish, then cleans up its async status file and returns the job's
+    own result (without the async bookkeeping keys). The waiting is done on the node - a shell loop that looks at
+    the job's status file every I(poll) seconds and returns as soon as it no longer says running, or when the next
+    progress line is due - so a finished job is seen within I(poll) with one SSH round trip per progress line, not
+    per look. The status file is read as C(async_status) reads it; the C(async_status) module, a Python start-up on
+    the node, runs only once the job has ended.
   - While the job runs, prints one line per node every I(interval) seconds - from the job's progress JSON on
     the node when I(progress_path) is given (staging - bytes done / total, rate, shared storage vs peers; the
     engine gate - each node's unit and start-up phase, the API), else how long it has been running. No
@@ -51,9 +53,9 @@ options:
     type: float
     default: 5
   poll:
-    description: Seconds between polls of the job (at most I(interval)); a finished job is seen within it.
+    description: Seconds between two looks at the job's status file, on the node; a finished job is seen within it.
     type: float
-    default: 2
+    default: 0.25
   timeout_hint:
     description: Appended to the timeout message - what the running job keeps and how a rerun behaves.
     type: str

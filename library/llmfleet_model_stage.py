@@ -235,6 +235,10 @@ assigned_files:
   description: Files assigned to this node to read from shared storage.
   returned: success
   type: int
+cpu_s:
+  description: CPU seconds (user + system) the staging process used on this node (copying, hashing, serving peers).
+  returned: success
+  type: float
 gc:
   description: What garbage collection deleted and kept after publishing (a deletion makes the task changed).
   returned: when the revision is published

@@ -293,6 +293,7 @@ def _run_locked(req: StageRequest, cfg: SwarmConfig, mdir: str) -> dict[str, Any
         source_fallback_files=fallbacks,
         seed=cfg.me in assignment.values(),
         assigned_files=sum(1 for v in assignment.values() if v == cfg.me),
+        cpu_s=round(sum(os.times()[:2]), 2),  # what staging cost this node: copy threads, hashing, serving
     )
     return result
 

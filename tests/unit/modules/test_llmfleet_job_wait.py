@@ -4,6 +4,9 @@ the job runs, the job's result at the end."""
 
 import importlib.util
 import json
+import re
+import subprocess
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,7 +43,7 @@ def plugin(monkeypatch, args, statuses, progress=None, clock=time.monotonic):
     def shell(cmd, sudoable=False):
         calls.append(("cat", cmd))
         assert sudoable  # as the task's become user, like the modules it replaces
-        if cmd.startswith("cat -- /home/ops/.ansible_async/"):
+        if cmd.endswith("cat -- /home/ops/.ansible_async/j1") or cmd.endswith("cat -- /home/ops/.ansible_async/j9"):
             st = seen["status"] = next(answers)
             text = st if isinstance(st, str) else json.dumps({"started": 1, **st})
             return {"rc": 0, "stdout": text}
@@ -66,11 +69,18 @@ def test_options_become_the_node_calls_and_the_result_is_the_jobs(monkeypatch):
                               [{"finished": 0}, DONE], progress)  # fmt: skip
     res = am.run(task_vars={"inventory_hostname": "node1"})
     status = {"jid": "j1", "mode": "status", "_async_dir": "/home/ops/.ansible_async"}
-    assert calls == [
+    assert calls[:2] == [
         ("cat", "cat -- /home/ops/.ansible_async/j1"),  # running: no module run on the node
         ("cat", "cat -- /var/lib/llmfleet/p.json"),
-        ("sleep", 0.5),  # the first seconds: every half second
-        ("cat", "cat -- /home/ops/.ansible_async/j1"),  # finished: async_status reads the result, then cleans up
+    ]
+    # Then one wait on the node until the next line is due (2 s), looking at the job file every 0.25 s; it ended
+    # finished: async_status reads the result, then cleans up
+    assert re.fullmatch(
+        r"i=0; while \[ \$i -lt [78] \] && grep -qE '\"finished\": \(false\|0\)\[,\}\]' /home/ops/.ansible_async/j1 "
+        r"2>/dev/null; do sleep 0.25; i=\$\(\(i\+1\)\); done; cat -- /home/ops/.ansible_async/j1",
+        calls[2][1],
+    )
+    assert calls[3:] == [
         ("ansible.legacy.async_status", status),
         ("ansible.legacy.async_status", {**status, "mode": "cleanup"}),
     ]
@@ -109,7 +119,7 @@ def test_bad_options_fail_before_any_node_call(monkeypatch, args, text):
 
 
 def test_a_job_without_progress_file_says_how_long_it_runs_and_never_reads_a_file(monkeypatch):
-    ticks = iter([0.0, 3.0, 12.0, 13.0])
+    ticks = iter([0.0, 0.0, 3.0, 3.0, 12.0, 12.0])  # start, then each look's start and end
     am, calls, lines = plugin(monkeypatch, {"jid": "j9", "what": "the full NCCL world", "interval": 10, "timeout": 660},
                               [{"finished": 0}, {"finished": 0}, {"finished": 1, "ok": True}],
                               clock=lambda: next(ticks))  # fmt: skip
@@ -133,12 +143,17 @@ def test_gate_progress_becomes_one_line_per_poll(monkeypatch):
     ]
 
 
-def test_polls_fast_for_the_first_seconds_then_every_poll(monkeypatch):
-    ticks = iter([0.0, 1.0, 6.0, 9.0])
-    am, calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x", "interval": 30, "poll": 2},
-                               [{"finished": 0}, {"finished": 0}, {"finished": 1}], clock=lambda: next(ticks))  # fmt: skip
+def test_waits_on_the_node_until_the_next_line_and_never_loops_tightly(monkeypatch):
+    # The first look is at once; the next waits on the node (every `poll`) until the next line is due. That wait
+    # came back at once (the job file not written yet): the plugin sleeps `poll` before the next, not a tight loop.
+    ticks = iter([0.0, 0.0, 1.0, 1.0, 1.1, 2.0])
+    am, calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x", "interval": 30, "poll": 0.5},
+                               [{"finished": 0}, "", {"finished": 1}], clock=lambda: next(ticks))  # fmt: skip
     am.run(task_vars={"inventory_hostname": "node1"})
-    assert [c[1] for c in calls if c[0] == "sleep"] == [0.5, 2]
+    looks = [c[1] for c in calls if c[0] == "cat"]
+    assert looks[0] == "cat -- /home/ops/.ansible_async/j1"
+    assert "while [ $i -lt 58 ]" in looks[1] and "do sleep 0.5;" in looks[1]  # 29 s until the line is due
+    assert [c[1] for c in calls if c[0] == "sleep"] == [0.5]
 
 
 @pytest.mark.parametrize(
@@ -181,7 +196,7 @@ def test_a_progress_file_not_there_yet_is_awaited_not_replaced_by_running_for_0_
     # CI 2026-12-02: the first poll came before the gate's first progress write and printed "running for 0 s";
     # the next line was due an interval later, after the gate had ended: no progress line at all.
     reads = iter([None, GATE])
-    ticks = iter([0.0, 0.0, 0.5, 1.0])
+    ticks = iter([0.0, 0.0, 0.0, 0.5, 1.0, 1.0])
     am, calls, lines = plugin(monkeypatch, {"jid": "j1", "what": "engine readiness gate", "progress": "gate",
                                              "progress_path": "/tmp/g/gate-0.json", "interval": 5},
                               [{"finished": 0}, {"finished": 0}, {"finished": 1, "ready": True}], GATE,
@@ -207,3 +222,29 @@ def test_a_job_that_ends_before_its_progress_was_shown_prints_its_last_progress(
     assert am.run(task_vars={"inventory_hostname": "node1"}) == {"ready": True}
     assert lines == ["engine gate 0/260 s: node1 active (serving), node2 active (warm)"]
     assert ("cat", "cat -- /tmp/g/gate-0.json") in calls
+
+
+def test_the_wait_on_the_node_is_a_real_shell_loop(monkeypatch, tmp_path):
+    """The command the plugin sends, run by /bin/sh: it returns the finished job file within a look of the job
+    ending, and a running one after its looks."""
+    am, _calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x"}, [])
+
+    def sh(cmd, sudoable=False):
+        cp = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, check=False)
+        return {"rc": cp.returncode, "stdout": cp.stdout}
+
+    monkeypatch.setattr(am, "_low_level_execute_command", sh)
+    job = tmp_path / "j1"
+    job.write_text(json.dumps({"started": True, "finished": False, "ansible_job_id": "j1"}))
+    assert action.ActionModule._still_running(am._wait_read(str(job), 0.3, 0.1))  # still running after its looks
+
+    def finish():
+        time.sleep(0.3)
+        tmp = tmp_path / "j1.tmp"
+        tmp.write_text(json.dumps({"changed": False, "rc": 0}))
+        tmp.rename(job)  # as async_wrapper writes it
+
+    threading.Thread(target=finish).start()
+    text = am._wait_read(str(job), 30, 0.1)
+    assert json.loads(text) == {"changed": False, "rc": 0}
+    assert am._wait_read(str(tmp_path / "none"), 1, 0.1) is None  # no such job file: async_status says why
