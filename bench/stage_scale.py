@@ -4,7 +4,7 @@ for four strategies, under the limits that decide them (shared-storage read band
 NVMe write, NIC in/out, sha256 rate per node and per copy thread, the reader cap, copy threads):
 
 - naive:     every node copies the whole revision from shared storage (N x S read);
-- llmfleet:  what model_stage does today (swarm.py / stage.py / transfer.py / roles/model_stage):
+- llmfleet:  what model_stage did until 2026-12-03 (swarm.py / stage.py / transfer.py / roles/model_stage):
              min(N, readers) seed nodes (0020-plan.yml: the first nodes needing the revision) split the
              files by bytes (stage.assign_files, imported here, so the split is the code's); every node
              runs `threads` copy threads over all files largest first (transfer.copy_all); a seed reads its
@@ -15,7 +15,10 @@ NVMe write, NIC in/out, sha256 rate per node and per copy thread, the reader cap
 - pipelined: the same star, but a peer fetch of a file may start one 16 MiB chunk (transfer.CHUNK)
              behind the owner's read of it (cut-through), never getting ahead of it;
 - ideal:     the source read once, relayed through striped trees (every node forwards what it receives
-             while receiving: egress about 1 x S per node), a pipeline of `fanout`-ary depth.
+             while receiving: egress about 1 x S per node), a pipeline of `fanout`-ary depth. Since
+             2026-12-03 model_stage works this way (swarm.relay_parent: a binary tree per file, rotated by
+             file; cut-through; status long polls): this bound is what the code aims at, the fluid
+             simulation of the tree as coded is not written yet.
 
 naive/llmfleet/pipelined are a deterministic fluid simulation: flows share every resource by
 weighted max-min fairness (progressive filling), re-solved at every event (a file finished, a

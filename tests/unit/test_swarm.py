@@ -70,6 +70,7 @@ def test_four_nodes_read_shared_storage_once(tmp_path, src):
     assert res["n1"]["source_bytes_read"] > 0 and res["n2"]["source_bytes_read"] > 0  # both seeds read their share
     for h in hosts:
         assert res[h]["bytes_copied"] == total and res[h]["source_fallback_files"] == []
+        assert res[h]["cpu_s"] > 0  # what staging cost the node, reported
         assert checkpoint.verify(str(tmp_path / h / "m" / REV), None).ok
     assert sum(r["served_bytes"] for r in res.values()) == 3 * total  # every node got what it lacked from peers
 
