@@ -26,8 +26,10 @@ from .store import JOURNAL, read_journal, read_record
 PART = ".llmfleet-part"  # transfer.fetch_file writes a file under its name + PART until it is verified
 # A file being written that has not grown for this long is abandoned (a killed run's leftover, a stuck
 # source): it is not offered, and a cut-through response following it ends short (the receiver then
-# tries another source). Below PeerSource's 30 s socket timeout, so the receiver hears it first from here.
-STALL_S = 20.0
+# tries another source). Generous: shared storage under load can pause a read for tens of seconds, and
+# a receiver that gives up on its parent may end up reading shared storage itself. A following
+# receiver's socket timeout (transfer.FOLLOW_TIMEOUT_S) is longer, so it hears of a stall from here.
+STALL_S = 120.0
 STATUS_WAIT_MAX_S = 10.0
 # How often a waiting request looks at the local disk again (no network in the loop): a cut-through
 # response for the next bytes, a status long poll (each look reads the journal) for a new file.

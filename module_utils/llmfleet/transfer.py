@@ -29,6 +29,8 @@ from .stage_progress import Progress
 from .store import Journal
 
 CHUNK = 16 * 1024 * 1024
+# A cut-through fetch waits on the sender while its copy pauses; the sender ends it after peer.STALL_S.
+FOLLOW_TIMEOUT_S = 150.0
 # Errors that no other source can help with: every copy thread stops, the first one is raised.
 FATAL = (DiskFullError, LeaseLostError, LockedError)
 
@@ -137,7 +139,7 @@ class PeerSource:
         return urllib.request.urlopen(f"{self.url}/files/{urllib.request.quote(rel)}{q}", timeout=self.timeout)  # noqa: S310
 
     def following(self) -> PeerSource:
-        return PeerSource(self.url, self.timeout, follow=True)
+        return PeerSource(self.url, max(self.timeout, FOLLOW_TIMEOUT_S), follow=True)
 
     def status(self, seen: str = "", wait: float = 0.0, asker: str = "") -> dict[str, Any]:
         """The peer's status; with seen, once it differs from that signature or after wait seconds.

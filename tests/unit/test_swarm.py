@@ -288,6 +288,12 @@ def test_a_cut_through_response_ends_short_when_the_writer_gives_up(tmp_path, sr
         server.shutdown()
 
 
+def test_a_receiver_waits_longer_than_the_sender_judges_a_stall():
+    # A pause of the sender's source is the sender's to judge (it ends the response short after STALL_S);
+    # a receiver timing out first would give up on a healthy parent and might read shared storage itself.
+    assert transfer.PeerSource("http://x").following().timeout > peer.STALL_S
+
+
 def test_relay_tree_spreads_the_passing_on():
     """Each file: a tree rooted at its owner, at most RELAY_FANOUT children per node, and over many files every
     node passes on about as much as it receives (the seed does not send every file to every node)."""
