@@ -195,5 +195,8 @@ def _follow(f: Any, sock: Any, size: int) -> int:
 
 def serve_in_background(state: PeerState, bind: str, port: int) -> ThreadingHTTPServer:
     server = make_server(state, bind, port)
-    threading.Thread(target=server.serve_forever, name="peer-server", daemon=True).start()
+    # shutdown() waits for the loop's next look at its flag: every 0.5 s by default, half a second at the end of
+    # every staging run (measured on 16 cores: 0.6 s between the last node's copy and the run's end)
+    poll = {"poll_interval": 0.05}
+    threading.Thread(target=server.serve_forever, kwargs=poll, name="peer-server", daemon=True).start()
     return server
