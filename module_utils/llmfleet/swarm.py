@@ -156,14 +156,15 @@ def choose(
 ) -> tuple[str | None, bool]:
     """The peer to take rel from next, and whether to wait for the board to change first (none has
     it yet, but one that will is alive). Peers in tried failed already. In order: the tree parent
-    when it has the file or is writing it (cut-through); else a peer that has it whole and sends
-    fewer than RELAY_FANOUT files now (the least busy); else, when the parent cannot help (none,
-    failed, gone), the least busy peer that has it or is writing it."""
+    when it has the file or is writing it (cut-through); else a peer other than the file's seed
+    that has it whole and sends fewer than RELAY_FANOUT files now (the least busy; the seed is
+    also reading shared storage, and late nodes would all land on it); else, when the parent
+    cannot help (none, failed, gone), the least busy peer that has it or is writing it."""
     have = [h for h in board.holders(rel) if h not in tried]
     busy = [h for h in board.writers(rel) if h not in tried]
     if parent and parent not in tried and (parent in have or parent in busy):
         return parent, False
-    spare = [h for h in have if board.load(h) < RELAY_FANOUT]
+    spare = [h for h in have if h != owner and board.load(h) < RELAY_FANOUT]
     if spare:
         return min(spare, key=board.load), False
     parent_alive = parent is not None and parent not in tried and not board.gone(parent, dead_after)

@@ -294,6 +294,45 @@ def test_a_receiver_waits_longer_than_the_sender_judges_a_stall():
     assert transfer.PeerSource("http://x").following().timeout > peer.STALL_S
 
 
+class _Board:
+    """StatusBoard's reading side, as swarm.choose uses it."""
+
+    def __init__(self, have=(), writing=(), load=None, gone=()):
+        self.peers = {h: None for h in ("seed", "p", "q", "r")}
+        self._have, self._writing, self._load, self._gone = set(have), set(writing), load or {}, set(gone)
+
+    def holders(self, rel):
+        return sorted(self._have)
+
+    def writers(self, rel):
+        return sorted(self._writing)
+
+    def load(self, h):
+        return self._load.get(h, 0)
+
+    def gone(self, h, dead_after):
+        return h in self._gone
+
+
+@pytest.mark.parametrize(
+    ("board", "tried", "want"),
+    [
+        (_Board(writing={"p"}), set(), ("p", False)),  # the parent is writing it: cut-through from it
+        (_Board(have={"seed", "q"}), set(), ("q", False)),  # a spare holder that is not the seed
+        # Before: a late node went to the seed whenever the seed had the file whole and sent < 2 files, so at 8
+        # nodes the seed passed on 2.9x the revision; now it waits for its parent, which is on its way
+        (_Board(have={"seed"}), set(), (None, True)),
+        (_Board(have={"seed"}, gone={"p"}), set(), ("seed", False)),  # the parent is gone: the seed after all
+        (_Board(have={"q"}, load={"q": 2}), set(), (None, True)),  # the only holder is busy: wait for the parent
+        (_Board(writing={"p", "q"}), {"p"}, ("q", False)),  # the parent failed: whoever is writing it
+        (_Board(), {"p"}, (None, True)),  # nobody has it yet, the seed will
+        (_Board(gone={"p", "seed"}), set(), (None, False)),  # nobody will: shared storage
+    ],
+)
+def test_choose_takes_the_tree_parent_then_spare_peers_then_the_seed(board, tried, want):
+    assert swarm.choose(board, "f", "p", "seed", tried, dead_after=60) == want
+
+
 def test_relay_tree_spreads_the_passing_on():
     """Each file: a tree rooted at its owner, at most RELAY_FANOUT children per node, and over many files every
     node passes on about as much as it receives (the seed does not send every file to every node)."""
