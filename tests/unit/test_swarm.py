@@ -106,6 +106,25 @@ def test_already_published_node_serves_everything(tmp_path, src):
     assert res["n2"]["peer_bytes_read"] == res["n3"]["peer_bytes_read"] == manifest["total_bytes"]
 
 
+def against_a_fake_peer(tmp_path, src, manifest, handler):
+    """Node n2 staging with one peer, an HTTP server with the given handler (no seeds: it is asked first)."""
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    req = stage.StageRequest(root=str(tmp_path / "n2"), model="m", revision=REV, manifest=manifest, threads=2)
+    cfg = swarm.SwarmConfig(
+        me="n2",
+        source_dir=str(src),
+        lease_dir=str(tmp_path / "leases"),
+        peers={"fake": f"http://127.0.0.1:{fake.server_port}"},
+        seeds=[],
+        finish_wait=0,
+    )
+    try:
+        return swarm.run_node(req, cfg)
+    finally:
+        fake.shutdown()
+
+
 def test_a_lying_peer_is_not_trusted(tmp_path, src):
     manifest = build_manifest(str(src))
     names = [e["path"] for e in manifest["files"]]
@@ -127,21 +146,7 @@ def test_a_lying_peer_is_not_trusted(tmp_path, src):
             self.end_headers()
             self.wfile.write(body)
 
-    liar = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Liar)
-    threading.Thread(target=liar.serve_forever, daemon=True).start()
-    req = stage.StageRequest(root=str(tmp_path / "n2"), model="m", revision=REV, manifest=manifest, threads=2)
-    cfg = swarm.SwarmConfig(
-        me="n2",
-        source_dir=str(src),
-        lease_dir=str(tmp_path / "leases"),
-        peers={"liar": f"http://127.0.0.1:{liar.server_port}"},
-        seeds=[],
-        finish_wait=0,
-    )
-    try:
-        r = swarm.run_node(req, cfg)
-    finally:
-        liar.shutdown()
+    r = against_a_fake_peer(tmp_path, src, manifest, Liar)
     assert r["peer_bytes_read"] > 0  # it did try the peer ...
     assert r["source_bytes_read"] == manifest["total_bytes"]  # ... and re-read every file from the source
     rdir = tmp_path / "n2" / "m" / REV
@@ -197,21 +202,7 @@ def test_a_peer_that_breaks_off_or_talks_nonsense_is_one_failed_source(tmp_path,
             self.wfile.write(body[: len(body) // 2])  # then the connection closes: a peer that died mid-file
             self.close_connection = True
 
-    quitter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quitter)
-    threading.Thread(target=quitter.serve_forever, daemon=True).start()
-    req = stage.StageRequest(root=str(tmp_path / "n2"), model="m", revision=REV, manifest=manifest, threads=2)
-    cfg = swarm.SwarmConfig(
-        me="n2",
-        source_dir=str(src),
-        lease_dir=str(tmp_path / "leases"),
-        peers={"quitter": f"http://127.0.0.1:{quitter.server_port}"},
-        seeds=[],
-        finish_wait=0,
-    )
-    try:
-        r = swarm.run_node(req, cfg)
-    finally:
-        quitter.shutdown()
+    r = against_a_fake_peer(tmp_path, src, manifest, Quitter)
     assert r["source_bytes_read"] == manifest["total_bytes"]
     assert checkpoint.verify(str(tmp_path / "n2" / "m" / REV), None).ok
 
