@@ -49,14 +49,21 @@ def _line(fmt: str, progress: dict | None, host: str) -> str | None:
     return None
 
 
+def _check(args: dict) -> None:
+    """What the argument spec cannot say, refused before any node call."""
+    if args["poll"] <= 0 or args["interval"] <= 0:
+        raise AnsibleActionFail(f"poll={args['poll']} and interval={args['interval']} must be > 0 (seconds)")
+    if args["progress"] != "none" and not args["progress_path"]:
+        raise AnsibleActionFail(f"progress={args['progress']} reads a progress file: give progress_path")
+
+
 class ActionModule(ActionBase):
     _requires_connection = True
 
     def run(self, tmp=None, task_vars=None):
         super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=argument_spec())
-        if args["progress"] != "none" and not args["progress_path"]:
-            raise AnsibleActionFail(f"progress={args['progress']} reads a progress file: give progress_path")
+        _check(args)
         host = task_vars.get("inventory_hostname", "?")
         async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
         start = time.monotonic()

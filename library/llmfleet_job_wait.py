@@ -53,7 +53,7 @@ options:
     type: float
     default: 5
   poll:
-    description: Seconds between two looks at the job's status file, on the node; a finished job is seen within it.
+    description: Seconds (> 0) between two looks at the job's status file, on the node; a finished job is seen within it.
     type: float
     default: 0.25
   timeout_hint:

@@ -109,6 +109,7 @@ def test_timeout_fails_naming_the_last_progress(monkeypatch):
         ({"jid": "j1", "what": "x", "retries": 5}, "Unsupported parameters for (llmfleet_job_wait) module: retries"),
         ({"jid": "j1", "what": "x", "progress": "percent"}, "value of progress must be one of: none, stage, gate"),
         ({"jid": "j1", "what": "x", "progress": "stage"}, "progress=stage reads a progress file: give progress_path"),
+        ({"jid": "j1", "what": "x", "poll": 0}, "poll=0.0 and interval=5.0 must be > 0 (seconds)"),
     ],
 )  # fmt: skip
 def test_bad_options_fail_before_any_node_call(monkeypatch, args, text):
