@@ -34,7 +34,9 @@ BLOCK = 16 * 1024 * 1024
 
 
 def make_source(d: Path, total: int, shards: int) -> None:
-    """A valid safetensors checkpoint (publishing checks its structure) of about total bytes, shards differing."""
+    """A valid safetensors checkpoint (publishing checks its structure) of about total bytes, shards differing.
+    The same layout as bench/stage_bench.make_revision, written again here: that one needs tests.helpers.ckpt
+    (numpy, safetensors) and the lab's code, which the device machine has no venv for."""
     d.mkdir(parents=True, exist_ok=True)
     block = os.urandom(BLOCK)
     rows = max(1, total // shards // (4096 * 2))
