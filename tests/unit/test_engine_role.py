@@ -389,8 +389,6 @@ PD_PLAY = """
         mode: "0644"
       vars:
         _engine_facts: {fingerprint: "0123456789abcdef", cache_dir: /mnt/nvme/llmfleet/cache/pd/0123456789abcdef}
-        # What the role reads from the topology role's fabric.env (comments and blank lines dropped).
-        _engine_fabric_raw: {content: "{{ '# WARNING: x\\n\\nNCCL_SOCKET_IFNAME=eth9\\nNCCL_IB_GID_INDEX=3\\n' | b64encode }}"}
 
     - name: The router unit (on the head)
       ansible.builtin.template:
@@ -429,6 +427,9 @@ def pd_play(tmp_path, **extra):
         for host in ("pd1", "pd2"):
             staged(tmp_path, host)
         extra["engine_model_path"] = str(tmp_path / "models" / "{{ inventory_hostname }}" / "m" / "current")
+    if "llmfleet_fabric_env" not in extra:  # what the topology role writes (the role copies its variables, not comments)
+        (tmp_path / "fabric.env").write_text("# WARNING: x\n\nNCCL_SOCKET_IFNAME=eth9\nNCCL_IB_GID_INDEX=3\n")
+        extra["llmfleet_fabric_env"] = str(tmp_path / "fabric.env")
     (tmp_path / "play.yml").write_text(PD_PLAY)
     (tmp_path / "inventory.yml").write_text(PD_INVENTORY)
     bindir = os.path.dirname(sys.executable)
