@@ -427,7 +427,8 @@ def pd_play(tmp_path, **extra):
         for host in ("pd1", "pd2"):
             staged(tmp_path, host)
         extra["engine_model_path"] = str(tmp_path / "models" / "{{ inventory_hostname }}" / "m" / "current")
-    if "llmfleet_fabric_env" not in extra:  # what the topology role writes (the role copies its variables, not comments)
+    # What the topology role writes (the role copies its variables into engine.env, not its comments).
+    if "llmfleet_fabric_env" not in extra:
         (tmp_path / "fabric.env").write_text("# WARNING: x\n\nNCCL_SOCKET_IFNAME=eth9\nNCCL_IB_GID_INDEX=3\n")
         extra["llmfleet_fabric_env"] = str(tmp_path / "fabric.env")
     (tmp_path / "play.yml").write_text(PD_PLAY)
