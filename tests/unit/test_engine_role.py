@@ -607,3 +607,45 @@ def test_a_standalone_plan_binds_numa_from_the_topology_it_discovers_first(tmp_p
     argv = json.loads((tmp_path / "argv.json").read_text())
     i = argv.index("--numa-node")
     assert argv[i + 1 : i + 9] == ["0", "0", "0", "0", "1", "1", "1", "1"], argv
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the topology role writes fabric.env as root")
+@pytest.mark.skipif(os.path.exists("/usr/bin/numactl"), reason="needs a host without numactl")
+def test_every_failing_plan_check_is_named_at_once(tmp_path):
+    """The launch plan's checks are one task: a GPU list given twice, vLLM's NUMA binding without numactl and a key
+    on the command line are all named in its one failure (the values never)."""
+    from tests.helpers.fakesys import FakeSys
+
+    fs = FakeSys(tmp_path / "sys")
+    for numa in (0, 1):
+        fs.numa(numa, f"{numa * 8}-{numa * 8 + 7}")
+    for g in range(2):  # GPU 0 on NUMA node 0, GPU 1 on node 1: vLLM gets --numa-bind
+        bus = 0x17 + g * 0x80
+        fs.gpu(
+            [f"pci0000:{bus - 2:02x}", f"0000:{bus - 2:02x}:01.0", f"0000:{bus:02x}:00.0"], g, f"{g * 8}-{g * 8 + 7}"
+        )
+    fs.netdev("lo", None, mac="00:00:00:00:00:00")
+    rc, out, _ = play(tmp_path, playbook=PLAN_ALONE, engine_profile="vllm", llmfleet_tp_size=2, llmfleet_gpus=[0, 1],
+                      engine_env={"CUDA_VISIBLE_DEVICES": "0,1"}, engine_extra_args=["--api-key", KEY],
+                      topology_sysfs_root=str(tmp_path / "sys"), topology_use_nvml=False,
+                      llmfleet_fabric_env=str(tmp_path / "etc/fabric.env"),
+                      llmfleet_report_dir=str(tmp_path / "reports"))  # fmt: skip
+    assert rc == 2, out[-3000:]
+    msg = out[out.index("Check the launch plan") :]
+    assert "localhost: engine_env sets CUDA_VISIBLE_DEVICES and llmfleet_gpus names the GPUs: drop it" in msg, msg[
+        :3000
+    ]
+    assert "/usr/bin/numactl is missing: install it" in msg and "engine_numa_bind: 'off'" in msg, msg[:3000]
+    assert "the engine command line carries --api-key: set llmfleet_api_key instead" in msg, msg[:3000]
+    assert KEY not in out
+
+
+def test_pd_ports_that_clash_and_a_refused_open_router_are_named(tmp_path):
+    rc, out, _ = pd_play(tmp_path, engine_pd_side_channel_port=8000, engine_require_api_key=True,
+                         llmfleet_api_key=KEY)  # fmt: skip
+    assert rc == 2, out[-3000:]
+    assert "engine_pd_side_channel_port (8000, NIXL) must differ from the instance's API port 8000 (engine_port)" in out
+    rc, out, _ = pd_play(tmp_path, engine_require_api_key=True, llmfleet_api_key=KEY)
+    assert rc == 2, out[-3000:]
+    assert "pd1 would serve the P/D router of pd on 0.0.0.0:30000, vllm-router checks no API key" in out, out[-3000:]
+    assert KEY not in out
