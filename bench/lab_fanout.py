@@ -40,7 +40,9 @@ def measure(n: int, lab: Lab) -> dict:
     up = time.monotonic() - t0
     inv = str(lab.state / "inventory")
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="0")
-    base = ["-i", inv, "-e", "ansible_user=root", "-e", "ansible_python_interpreter=/usr/bin/python3"]
+    # As a site runs it: the operator account, root through sudo (the lab nodes have `ops`, tests/lab/node-init.sh).
+    base = ["-i", inv, "-e", "ansible_user=ops", "-e", "ansible_become=true",
+            "-e", "ansible_python_interpreter=/usr/bin/python3"]  # fmt: skip
     ping_cold = timed([ANSIBLE, "llmfleet_nodes", *base, "-m", "ansible.builtin.ping"], env)
     ping_warm = timed([ANSIBLE, "llmfleet_nodes", *base, "-m", "ansible.builtin.ping"], env)
     setup = timed([ANSIBLE, "llmfleet_nodes", *base, "-m", "ansible.builtin.setup"], env)

@@ -237,7 +237,9 @@ def bench_fleet(nodes: int, gb: float) -> tuple[str, dict]:
         inv = str(lab.state / "inventory")
         env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{BIN}:{os.environ['PATH']}")
         base = [
-            "-i", inv, "-e", "ansible_user=root", "-e", "ansible_python_interpreter=/usr/bin/python3",
+            # As a site runs it: the operator account, root through sudo (the lab nodes have `ops`).
+            "-i", inv, "-e", "ansible_user=ops", "-e", "ansible_become=true",
+            "-e", "ansible_python_interpreter=/usr/bin/python3",
         ]  # fmt: skip
         ev = {
             "model_stage_model": "fleet",
