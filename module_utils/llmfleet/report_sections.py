@@ -315,7 +315,10 @@ def staging(data: dict) -> dict[str, Any]:
         summary = "FAIL on " + "; ".join(f"{r['node']}: {r['message'][:160] or 'failed'}" for r in failed)
     else:
         summary = f"{data.get('model')} {str(data.get('revision') or '')[:12]} on {len(rows)} node(s)"
-        if total:
+        if total and rows and not any(r["bytes_copied"] for r in rows):
+            # Every node had the revision already: "read 0.00x" would read like a fault.
+            summary += f", {size_text(total)} each; already on every node: nothing copied, shared storage not read"
+        elif total:
             summary += f", {size_text(total)} each; shared storage read {ratio:.2f}x the revision"
     return {
         "status": "fail" if failed else "pass",

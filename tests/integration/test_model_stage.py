@@ -115,8 +115,14 @@ def test_kill_9_mid_copy_then_resume(lab, tmp_path):
         ).stdout
         assert json.loads(out)["ok"]
         assert f".partial-{revision}" not in node_tree(lab, f"node{i}", model)
-    run_ansible(*stage_args(tmp_path, model, revision))
+    again = run_ansible(*stage_args(tmp_path, model, revision))
     assert all(r["bytes_copied"] == 0 and not r["changed"] for r in report(tmp_path, model).values())
+    # Said as what it is ("read 0.00x the revision" read like a fault).
+    out = " ".join(again.stdout.split())
+    assert "every node already has it: nothing to copy." in out, out[-3000:]
+    assert f"revision was already on all {LAB_NODES} nodes: nothing copied, shared storage not read." in out, out[
+        -3000:
+    ]
 
 
 def test_disk_full_keeps_the_previous_revision(lab, tmp_path):

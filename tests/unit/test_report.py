@@ -117,6 +117,18 @@ def test_lab_run_every_section_present_and_passing(tmp_path):
     assert s["acceptance"]["generated_at"] == "2026-12-01T01:09:49Z"  # its own started_at
 
 
+def test_a_revision_already_on_every_node_is_said_so_not_read_0x():
+    """make demo on a lab whose nodes kept the revision: nothing copied anywhere. "shared storage read 0.00x" read
+    like a fault; the summary says why nothing was read."""
+    node = {"total_bytes": 8 << 20, "bytes_copied": 0, "source_bytes_read": 0, "peer_bytes_read": 0}
+    sec = rs.staging({"model": "demo-model", "revision": "5eed" * 10, "nodes": {"node1": node, "node2": node}})
+    assert sec["status"] == "pass" and sec["source_ratio"] == 0
+    assert sec["summary"].endswith("8.00 MiB each; already on every node: nothing copied, shared storage not read")
+    copied = {**node, "bytes_copied": 8 << 20, "source_bytes_read": 8 << 20}
+    sec = rs.staging({"model": "demo-model", "revision": "5eed" * 10, "nodes": {"node1": copied, "node2": node}})
+    assert sec["summary"].endswith("shared storage read 1.00x the revision")
+
+
 def test_h20_numbers_derived_from_the_records(tmp_path):
     m = report.collect(records(tmp_path, "h20-engine-failed"), "qwen", now=NOW)
     s = by_id(m)
