@@ -101,6 +101,7 @@ import os
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet.node_probe import read_file
 
 UNIT_DIR = "/etc/systemd/system"
 NUMACTL = "/usr/bin/numactl"
@@ -125,20 +126,13 @@ class ProbeError(Exception):
 
 
 def read_text(path: str) -> str | None:
-    """A regular file's text, never through a final symlink; None when it is missing."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise ProbeError(f"cannot read {path}: {e.strerror}") from e
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ProbeError(f"{path} is not a regular file")
-        data = f.read(MAX_READ + 1)
-    if len(data) > MAX_READ:
+    """A regular file's text, never through a final symlink (node_probe.read_file); None when it is missing."""
+    data, err = read_file(path, cap=MAX_READ + 1)
+    if err:
+        raise ProbeError(err)
+    if data is not None and len(data) > MAX_READ:
         raise ProbeError(f"{path} is larger than {MAX_READ} bytes")
-    return data.decode("utf-8", errors="replace")
+    return None if data is None else data.decode("utf-8", errors="replace")
 
 
 def model(path: str) -> dict:
