@@ -96,8 +96,8 @@ def reports(tmp_path_factory):
 
 
 def test_real_vllm_reaches_ready_and_answers_703(real, reports):
-    lab, tmp_path = real, reports
-    cp = engine(*real_vars(llmfleet_report_dir=str(tmp_path)))
+    lab = real
+    cp = engine(*real_vars(llmfleet_report_dir=str(reports)))
     assert cp.returncode == 0, cp.stdout[-6000:]
     assert all(unit(lab, "ActiveState", n) == "active" for n in NODES)
     assert "first correct answer" in cp.stdout[cp.stdout.index("Cold-start timeline") :]
@@ -105,9 +105,9 @@ def test_real_vllm_reaches_ready_and_answers_703(real, reports):
     # the engine's own spec-decode counters read back into the record after it.
     exec_start = unit(lab, "ExecStart")
     assert "--speculative-config" in exec_start and "num_speculative_tokens" in exec_start, exec_start
-    warm = json.loads((tmp_path / "warmup-real.json").read_text())
+    warm = json.loads((reports / "warmup-real.json").read_text())
     assert warm["ok"] and warm["wall_s"] > 0 and warm["summary"].startswith("WARMED UP"), warm
-    record = json.loads((tmp_path / "engine-real.json").read_text())
+    record = json.loads((reports / "engine-real.json").read_text())
     assert record["warmup"]["ok"] and record["warmup"]["wall_s"] == warm["wall_s"]
     spec = record["speculative"]
     assert spec["config"] == {"method": "ngram", "num_steps": 2} and spec["read_after"] == "warm-up"
@@ -129,8 +129,7 @@ def test_real_vllm_reaches_ready_and_answers_703(real, reports):
 
 def test_acceptance_against_the_real_engine(real, reports, tmp_path):
     """After the gate: the acceptance role (llmfleet accept, with the det model's profile) against the
-    endpoint the engine role published. (The bench role's molecule scenario runs the real `vllm bench serve`
-    against the real engine across two nodes.)"""
+    endpoint the engine role published."""
     lab = real
     if unit(lab, "ActiveState") != "active" or not (reports / "endpoint-real.json").exists():  # run on its own
         cp = engine(*real_vars(llmfleet_report_dir=str(reports)))
