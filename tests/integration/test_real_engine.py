@@ -88,6 +88,13 @@ def real(lab):
     engine(*real_vars(), playbook="playbooks/engine_stop.yml")
 
 
+def serving(lab, reports):
+    """The deployment the first test started, published in `reports`; started here when a test runs on its own."""
+    if unit(lab, "ActiveState") != "active" or not (reports / "endpoint-real.json").exists():
+        cp = engine(*real_vars(llmfleet_report_dir=str(reports)))
+        assert cp.returncode == 0, cp.stdout[-4000:]
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     """The deployment's report directory, shared by the tests: acceptance reads the endpoint the first start
@@ -130,10 +137,7 @@ def test_real_vllm_reaches_ready_and_answers_703(real, reports):
 def test_acceptance_against_the_real_engine(real, reports, tmp_path):
     """After the gate: the acceptance role (llmfleet accept, with the det model's profile) against the
     endpoint the engine role published."""
-    lab = real
-    if unit(lab, "ActiveState") != "active" or not (reports / "endpoint-real.json").exists():  # run on its own
-        cp = engine(*real_vars(llmfleet_report_dir=str(reports)))
-        assert cp.returncode == 0, cp.stdout[-4000:]
+    serving(real, reports)
     published = json.loads((reports / "endpoint-real.json").read_text())
     assert published["model"] == "det-model" and published["engine"] == "vllm", published
     profile = yaml.safe_load((ROOT / "tests/fixtures/accept/det-model.yml").read_text())
@@ -156,10 +160,7 @@ def test_real_benchmark_against_the_two_node_engine(real, reports):
     """The bench role runs the engine's own tool (`vllm bench serve`) from the head against the endpoint the
     engine role published, then the deployment report takes the benchmark in (playbooks/bench.yml). The role's
     molecule scenario (check mode, idempotence, on fresh nodes) runs in `make molecule-all`."""
-    lab = real
-    if unit(lab, "ActiveState") != "active" or not (reports / "endpoint-real.json").exists():  # run on its own
-        cp = engine(*real_vars(llmfleet_report_dir=str(reports)))
-        assert cp.returncode == 0, cp.stdout[-4000:]
+    serving(real, reports)
     matrix = {"input_len": [32], "output_len": [8], "concurrency": [2]}
     cp = engine(*real_vars(llmfleet_report_dir=str(reports), bench_matrix=matrix, bench_rounds=1,
                            bench_run_timeout=300), playbook="playbooks/bench.yml")  # fmt: skip
