@@ -10,6 +10,7 @@ import time
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible.vars.clean import remove_internal_keys
 
 display = Display()
 
@@ -81,10 +82,13 @@ class ActionModule(ActionBase):
             # start-up and ansible's imports on the node (or on the ops host for a delegated gate), 0.3-0.5 s of CPU
             # per look on 2 cores, taken from the very start it waits for. The module still reads the result.
             t0 = time.monotonic()
-            if self._still_running(self._wait_read(job_file, wait, args["poll"])):
+            text = self._wait_read(job_file, wait, args["poll"])
+            if self._still_running(text):
                 st = {"finished": False}
             else:
-                st = self._execute_module(
+                # The job's result as the file holds it; async_status (a module run) only for what it must explain:
+                # no file, or one that is not a result.
+                st = self._result(text, args["jid"]) or self._execute_module(
                     module_name="ansible.legacy.async_status",
                     module_args={"jid": args["jid"], "mode": "status", "_async_dir": async_dir},
                     task_vars=task_vars,
@@ -94,7 +98,7 @@ class ActionModule(ActionBase):
                     line = _line(args["progress"], self._progress(args["progress_path"], last), host)
                     if line:
                         display.display(line)
-                return self._cleaned_up(st, args["jid"], async_dir, task_vars)
+                return self._cleaned_up(st, job_file)
             now = time.monotonic()
             if args["progress_path"] and (now >= next_line or not shown):
                 last = self._progress(args["progress_path"], last)
@@ -120,14 +124,32 @@ class ActionModule(ActionBase):
             wait = max(args["poll"], min(next_line, deadline + 1) - now)
             wait = min(wait, 0.5) if args["progress_path"] and not shown else wait
 
-    def _cleaned_up(self, st: dict, jid: str, async_dir: str, task_vars: dict) -> dict:
-        """The job's own result, its async status file removed."""
-        self._execute_module(
-            module_name="ansible.legacy.async_status",
-            module_args={"jid": jid, "mode": "cleanup", "_async_dir": async_dir},
-            task_vars=task_vars,
-        )
-        for k in ("ansible_job_id", "results_file", "started", "finished", "erased"):
+    def _result(self, text: str | None, jid: str) -> dict | None:
+        """A finished job's result from its file as async_status and the module runner would make it (parsed with
+        the legacy profile async_status's output is parsed with, internal keys dropped), or None: the file is
+        missing or holds no result. Saves the two module runs (status, cleanup) a finished job cost on each node:
+        0.2 CPU-s each, and a third of a second of every wait."""
+        try:
+            data = json.loads(text) if text else None
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or "started" in data:
+            return None
+        data = self._parse_returned_data({"rc": 0, "stdout": text, "stderr": ""}, "legacy")
+        if not data.get("_ansible_parsed"):
+            return None
+        data.pop("_ansible_suppress_tmpdir_delete", None)
+        remove_internal_keys(data)
+        for k in ("stdout", "stderr"):  # as the module runner splits them (async_wrapper keeps a module's stderr)
+            if k in data and f"{k}_lines" not in data:
+                data[f"{k}_lines"] = (data[k] or "").splitlines()
+        return {**data, "finished": True, "ansible_job_id": jid}
+
+    def _cleaned_up(self, st: dict, job_file: str) -> dict:
+        """The job's own result, its async status file removed (`rm`, as the task's become user, as async_status's
+        cleanup would)."""
+        self._low_level_execute_command(f"rm -f -- {shlex.quote(job_file)}", sudoable=True)
+        for k in ("ansible_job_id", "results_file", "started", "finished", "erased", "_ansible_parsed"):
             st.pop(k, None)
         return st
 

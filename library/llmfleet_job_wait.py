@@ -14,8 +14,9 @@ description:
     own result (without the async bookkeeping keys). The waiting is done on the node - a shell loop that looks at
     the job's status file every I(poll) seconds and returns as soon as it no longer says running, or when the next
     progress line is due - so a finished job is seen within I(poll) with one SSH round trip per progress line, not
-    per look. The status file is read as C(async_status) reads it; the C(async_status) module, a Python start-up on
-    the node, runs only once the job has ended.
+    per look. The status file is read as C(async_status) reads it, and a finished job's result is taken from it as
+    the module runner would parse it, then the file is removed with C(rm); the C(async_status) module, a Python
+    start-up on the node, runs only for a status file that is missing or holds no result (it says why).
   - While the job runs, prints one line per node every I(interval) seconds - from the job's progress JSON on
     the node when I(progress_path) is given (staging - bytes done / total, rate, shared storage vs peers; the
     engine gate - each node's unit and start-up phase, the API), else how long it has been running. No

@@ -1,6 +1,6 @@
 """llmfleet_job_wait (an action plugin; library/ holds its doc stub): options -> what it reads on the node (the
-job's status file and the progress file with `cat`, async_status only once the job ended), progress lines while
-the job runs, the job's result at the end."""
+job's status file and the progress file with `cat`; async_status only for a job file that holds no result), progress
+lines while the job runs, the job's result at the end (read from its file, which `rm` then removes)."""
 
 import importlib.util
 import json
@@ -24,6 +24,17 @@ DONE = {"finished": 1, "ansible_job_id": "j1", "results_file": "/r", "started": 
         "changed": True, "path": "/nvme/models/qwen/rev", "bytes_copied": GiB}  # fmt: skip
 
 
+BOOKKEEPING = ("finished", "ansible_job_id", "results_file", "started", "erased")
+
+
+def job_file(st):
+    """The job file as async_wrapper writes it: {"started": 1, "finished": 0, ...} while the job runs, then the
+    module's own result (no "started")."""
+    if st.get("finished"):
+        return json.dumps({k: v for k, v in st.items() if k not in BOOKKEEPING})
+    return json.dumps({"started": 1, **st})
+
+
 def plugin(monkeypatch, args, statuses, progress=None, clock=time.monotonic):
     """The action with a fake node: each poll `cat`s the job file, which holds `statuses` in turn (a dict, or raw
     text); async_status answers with the status that ended the job; `cat` of the progress file reads `progress`."""
@@ -45,8 +56,10 @@ def plugin(monkeypatch, args, statuses, progress=None, clock=time.monotonic):
         assert sudoable  # as the task's become user, like the modules it replaces
         if cmd.endswith("cat -- /home/ops/.ansible_async/j1") or cmd.endswith("cat -- /home/ops/.ansible_async/j9"):
             st = seen["status"] = next(answers)
-            text = st if isinstance(st, str) else json.dumps({"started": 1, **st})
+            text = st if isinstance(st, str) else job_file(st)
             return {"rc": 0, "stdout": text}
+        if cmd.startswith("rm -f -- "):
+            return {"rc": 0, "stdout": ""}
         if progress is None:
             return {"rc": 1, "stdout": "", "stderr": "cat: no such file"}
         return {"rc": 0, "stdout": json.dumps(progress)}
@@ -68,22 +81,18 @@ def test_options_become_the_node_calls_and_the_result_is_the_jobs(monkeypatch):
                                          "progress": "stage", "interval": "2"},
                               [{"finished": 0}, DONE], progress)  # fmt: skip
     res = am.run(task_vars={"inventory_hostname": "node1"})
-    status = {"jid": "j1", "mode": "status", "_async_dir": "/home/ops/.ansible_async"}
     assert calls[:2] == [
         ("cat", "cat -- /home/ops/.ansible_async/j1"),  # running: no module run on the node
         ("cat", "cat -- /var/lib/llmfleet/p.json"),
     ]
     # Then one wait on the node until the next line is due (2 s), looking at the job file every 0.25 s; it ended
-    # finished: async_status reads the result, then cleans up
+    # finished: its result is read from that file, which is then removed (no async_status module run)
     assert re.fullmatch(
         r"i=0; while \[ \$i -lt [78] \] && grep -qE '\"finished\": \(false\|0\)\[,\}\]' /home/ops/.ansible_async/j1 "
         r"2>/dev/null; do sleep 0.25; i=\$\(\(i\+1\)\); done; cat -- /home/ops/.ansible_async/j1",
         calls[2][1],
     )
-    assert calls[3:] == [
-        ("ansible.legacy.async_status", status),
-        ("ansible.legacy.async_status", {**status, "mode": "cleanup"}),
-    ]
+    assert calls[3:] == [("cat", "rm -f -- /home/ops/.ansible_async/j1")]
     assert lines == [
         "node1: copying 1.00/4.00 GiB (25%) at 512 MiB/s; from shared storage 1.00 GiB, from peers 0.00 GiB"
     ]
@@ -175,9 +184,25 @@ def test_the_job_file_is_read_as_async_status_reads_it(text, running):
 def test_a_missing_job_file_is_async_statuss_failure(monkeypatch):
     am, calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x"}, [{"finished": 1, "failed": True,
                                                                         "msg": "could not find job"}])  # fmt: skip
+    # No job file: `cat` fails, async_status explains (its failure is the result), the cleanup `rm -f` is harmless.
+    monkeypatch.setattr(
+        am,
+        "_low_level_execute_command",
+        lambda cmd, sudoable=False: (
+            calls.append(("sh", cmd))
+            or {"rc": 0 if cmd.startswith("rm ") else 1, "stdout": "", "stderr": "cat: no such file"}
+        ),
+    )
+    monkeypatch.setattr(
+        am,
+        "_execute_module",
+        lambda module_name, module_args, task_vars: (
+            calls.append((module_name, module_args)) or {"finished": 1, "failed": True, "msg": "could not find job"}
+        ),
+    )
     res = am.run(task_vars={"inventory_hostname": "node1"})
     assert res["failed"] and res["msg"] == "could not find job"
-    assert [c[0] for c in calls] == ["cat", "ansible.legacy.async_status", "ansible.legacy.async_status"]
+    assert [c[0] for c in calls] == ["sh", "ansible.legacy.async_status", "sh"]
 
 
 def test_a_paths_shell_characters_are_quoted(monkeypatch):
@@ -249,3 +274,28 @@ def test_the_wait_on_the_node_is_a_real_shell_loop(monkeypatch, tmp_path):
     text = am._wait_read(str(job), 30, 0.1)
     assert json.loads(text) == {"changed": False, "rc": 0}
     assert am._wait_read(str(tmp_path / "none"), 1, 0.1) is None  # no such job file: async_status says why
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ('{"changed": false, "ok": true}', {"changed": False, "ok": True}),
+        # async_wrapper keeps a module's stderr; the module runner splits it into lines
+        ('{"ok": true, "stderr": "a\\nb\\n"}', {"ok": True, "stderr": "a\nb\n", "stderr_lines": ["a", "b"]}),
+        ('{"failed": true, "msg": "rank 3 never arrived"}', {"failed": True, "msg": "rank 3 never arrived"}),
+        ('{"ok": true, "_ansible_suppress_tmpdir_delete": true}', {"ok": True}),  # internal keys dropped
+    ],
+)  # fmt: skip
+def test_a_finished_jobs_result_is_read_from_its_file_without_a_module_run(monkeypatch, text, want):
+    am, calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x"}, [text])
+    res = am.run(task_vars={"inventory_hostname": "node1"})
+    # A failure also gets the error summary the module runner adds to every failed module result
+    assert "exception" in res if res.get("failed") else "exception" not in res
+    assert {k: v for k, v in res.items() if k != "exception"} == want
+    assert calls == [("cat", "cat -- /home/ops/.ansible_async/j1"), ("cat", "rm -f -- /home/ops/.ansible_async/j1")]
+
+
+@pytest.mark.parametrize("text", ['{"started": 1, "finished": 1}', "[1, 2]", "null"])
+def test_a_job_file_that_holds_no_result_is_left_to_async_status(monkeypatch, text):
+    am, _calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x"}, [text])
+    assert am._result(text, "j1") is None
