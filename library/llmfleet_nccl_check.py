@@ -73,6 +73,21 @@ options:
     description: Rendezvous timeout in seconds.
     type: float
     default: 30
+  unreachable_after:
+    description:
+      - Seconds without any TCP answer (no connection, no refusal) after which a node is named cut off at once,
+        instead of at the end of the rendezvous timeout - rank 0's node by a rank connecting to its store, a
+        missing rank's node by rank 0 (with I(hosts)). A refusal is an answer - the node is there, its rank is
+        not listening yet.
+    type: float
+    default: 5
+  hosts:
+    description:
+      - The world's nodes' fabric IPs in node order (each node's ranks consecutive), for rank 0 to probe the
+        nodes of ranks that do not arrive. Empty - rank 0 waits out the rendezvous timeout.
+    type: list
+    elements: str
+    default: []
   op_timeout:
     description: Per-collective timeout in seconds.
     type: float
@@ -128,6 +143,11 @@ options:
         description: The most its ranks may run, in seconds.
         type: float
         required: true
+      hosts:
+        description: Its nodes' fabric IPs in node order, as I(hosts).
+        type: list
+        elements: str
+        default: []
       deadline_factor:
         description:
           - Its ranks' deadline is the slowest first-world rank's wall time (every node's) times this plus
@@ -211,6 +231,8 @@ def argument_spec() -> dict:
         "sizes": {"type": "list", "elements": "str", "default": ["8", "64K", "1M"]},
         "iters": {"type": "int", "default": 5},
         "timeout": {"type": "float", "default": 30},
+        "unreachable_after": {"type": "float", "default": 5},
+        "hosts": {"type": "list", "elements": "str", "default": []},
         "op_timeout": {"type": "float", "default": 30},
         "deadline": {"type": "float", "default": 120},
         "corrupt_rank": {"type": "int", "default": -1},
@@ -225,6 +247,7 @@ def argument_spec() -> dict:
                 "port": {"type": "int", "required": True},
                 "ranks": {"type": "list", "elements": "list", "required": True},
                 "deadline": {"type": "float", "required": True},
+                "hosts": {"type": "list", "elements": "str", "default": []},
                 "deadline_factor": {"type": "float", "default": 3},
                 "corrupt_rank": {"type": "int", "default": -1},
                 "delay_ranks": {"type": "dict", "default": {}},
@@ -276,6 +299,7 @@ def run(module: AnsibleModule) -> None:
         module.exit_json(changed=False, ranks=[], ok=True, skipped_in_check_mode=True)
     args = ["--backend", p["backend"], "--ops", ",".join(p["ops"]), "--sizes", ",".join(p["sizes"]),
             "--iters", str(p["iters"]), "--warmup", "1", "--timeout", str(p["timeout"]),
+            "--unreachable-after", str(p["unreachable_after"]),
             "--op-timeout", str(p["op_timeout"]), "--corrupt-rank", str(p["corrupt_rank"])]  # fmt: skip
     spec = {
         "python": p["python"],
@@ -287,6 +311,7 @@ def run(module: AnsibleModule) -> None:
         "ranks": pairs,
         "args": args,
         "deadline": p["deadline"],
+        "hosts": p["hosts"],
         "delay_ranks": {str(k): v for k, v in p["delay_ranks"].items()},
         "numa_nodes": numa,
     }
@@ -297,6 +322,7 @@ def run(module: AnsibleModule) -> None:
             "port": then["port"],
             "ranks": then_pairs,
             "deadline": then["deadline"],
+            "hosts": then["hosts"],
             "deadline_factor": then["deadline_factor"],
             "args": ["--corrupt-rank", str(then["corrupt_rank"])],
             "delay_ranks": {str(k): v for k, v in then["delay_ranks"].items()},

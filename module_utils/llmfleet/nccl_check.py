@@ -216,6 +216,65 @@ def parse_transit(text: str) -> tuple[int | None, int | None] | None:
 # ---- the rank -----------------------------------------------------------------------------------
 
 
+def probe(addrs: list[tuple[str, int]], seconds: float) -> dict[tuple[str, int], str]:
+    """TCP connects to every address at once, for at most `seconds`: "open" (accepted), "refused" (the host
+    answered: nothing listens there yet) or "silent" (no answer at all, or no route: the host cannot be reached)."""
+    import errno
+    import selectors
+
+    out: dict[tuple[str, int], str] = {}
+    sel = selectors.DefaultSelector()
+    try:
+        for addr in dict.fromkeys(addrs):
+            s = socket.socket(socket.AF_INET6 if ":" in addr[0] else socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            err = s.connect_ex(addr)
+            if err in (0, errno.EINPROGRESS):
+                sel.register(s, selectors.EVENT_WRITE, addr)
+            else:
+                out[addr] = "refused" if err == errno.ECONNREFUSED else "silent"
+                s.close()
+        end = time.monotonic() + seconds
+        while sel.get_map() and (left := end - time.monotonic()) > 0:
+            for key, _ in sel.select(left):
+                err = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                out[key.data] = "open" if err == 0 else "refused" if err == errno.ECONNREFUSED else "silent"
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+        for key in list(sel.get_map().values()):
+            out[key.data] = "silent"
+            key.fileobj.close()
+    finally:
+        sel.close()
+    return out
+
+
+class Silence:
+    """How long each address has given no answer at all (a refusal or an accepted connection is an answer)."""
+
+    def __init__(self) -> None:
+        self.since: dict[tuple[str, int], float] = {}
+
+    def update(self, answers: dict[tuple[str, int], str], now: float) -> None:
+        for addr, how in answers.items():
+            if how == "silent":
+                self.since.setdefault(addr, now)
+            else:
+                self.since.pop(addr, None)
+
+    def silent_for(self, addr: tuple[str, int], now: float) -> float:
+        return now - self.since[addr] if addr in self.since else 0.0
+
+
+class RendezvousCut(TimeoutError):
+    """Rank 0 found the node of a missing rank silent (no TCP answer at all) and ended the rendezvous early.
+    `stalled`: every rank's phase as the store said before this rank left it (rank 0's store ends with rank 0)."""
+
+    def __init__(self, why: str, stalled: dict[str, str] | None = None) -> None:
+        super().__init__(why)
+        self.stalled = stalled
+
+
 class Rank:
     def __init__(self, a: argparse.Namespace) -> None:
         import torch
@@ -253,9 +312,13 @@ class Rank:
         from datetime import timedelta
 
         dist = self.dist
+        end = time.monotonic() + self.a.timeout
+        if self.rank != 0:
+            self._await_head(end)
         try:
             self.store = dist.TCPStore(self.a.master, self.a.port, self.world, is_master=self.rank == 0,
-                                       timeout=timedelta(seconds=self.a.timeout), wait_for_workers=False)  # fmt: skip
+                                       timeout=timedelta(seconds=max(1.0, end - time.monotonic())),
+                                       wait_for_workers=False)  # fmt: skip
         except Exception as e:
             raise StoreUnreachable(f"cannot reach the rendezvous store of rank 0 at {self.a.master}:{self.a.port} "
                                    f"within {self.a.timeout}s: {str(e)[:200]}") from None  # fmt: skip
@@ -264,16 +327,91 @@ class Rank:
             self.store.set(f"prev_wall/{self.rank}", str(self.a.prev_wall))
         self.set_phase("rendezvous")
         # Every rank waits for every rank's key before any backend starts: a rank that never comes is
-        # named within the rendezvous timeout, also with NCCL, whose own bootstrap would wait forever.
-        try:
-            self.store.wait([f"phase/{i}" for i in range(self.world)], timedelta(seconds=self.a.timeout))
-        except Exception:
-            raise TimeoutError(f"rendezvous: not every rank arrived within {self.a.timeout}s") from None
+        # named within the rendezvous timeout, also with NCCL, whose own bootstrap would wait forever; one on
+        # a node that gives no answer at all is named as soon as rank 0 has seen that for --unreachable-after.
+        self._rendezvous(end)
         if chained:
             self.deadline = chained_deadline(self.a, self._prev_walls())
         dist.init_process_group(self.a.backend, store=self.store, rank=self.rank, world_size=self.world,
                                 timeout=timedelta(seconds=self.a.op_timeout), **self._device_kw())  # fmt: skip
         self.set_phase("initialized")
+
+    def _await_head(self, end: float) -> None:
+        """Until rank 0's store accepts a connection: a refusal is an answer (rank 0 is not listening yet, its
+        node is there), silence for --unreachable-after is not: its node cannot be reached from here, said at once
+        instead of at the end of the rendezvous timeout."""
+        head, silence = (self.a.master, self.a.port), Silence()
+        while True:
+            now = time.monotonic()
+            answer = probe([head], min(1.0, max(0.1, end - now)))[head]
+            now = time.monotonic()
+            if answer == "open":
+                return
+            silence.update({head: answer}, now)
+            if silence.silent_for(head, now) >= self.a.unreachable_after:
+                raise StoreUnreachable(f"rank 0's node {self.a.master} gave no answer at all (no connection, no "
+                                       f"refusal) to port {self.a.port} for {self.a.unreachable_after:g}s: it "
+                                       "cannot be reached over the fabric from here")  # fmt: skip
+            if now >= end:
+                raise StoreUnreachable(f"cannot reach the rendezvous store of rank 0 at {self.a.master}:"
+                                       f"{self.a.port} within {self.a.timeout}s: connection refused")  # fmt: skip
+            if answer == "refused":
+                time.sleep(min(0.2, max(0.0, end - now)))
+
+    def _rendezvous(self, end: float) -> None:
+        """Wait for every rank's phase key. Rank 0 (with --hosts) probes the nodes of the ranks still missing and
+        ends the rendezvous for every rank (an `abort` key) once one has been silent for --unreachable-after."""
+        from datetime import timedelta
+
+        keys = [f"phase/{i}" for i in range(self.world)]
+        hosts = self.a.hosts if self.a.hosts and self.world % len(self.a.hosts) == 0 else []
+        silence = Silence()
+        while True:
+            t0 = time.monotonic()
+            left = end - t0
+            if left <= 0:
+                raise TimeoutError(f"rendezvous: not every rank arrived within {self.a.timeout}s")
+            step = min(0.5, left)
+            try:
+                self.store.wait(keys, timedelta(seconds=step))
+                return
+            except Exception:  # not yet: look again until the rendezvous timeout (never a tight loop)
+                time.sleep(max(0.0, step - (time.monotonic() - t0)))
+            try:
+                if self.store.check(["abort"]):
+                    why, stalled = self.store.get("abort").decode(), _stalled(self, self.a)
+                    self.store.set(f"abort_seen/{self.rank}", "1")  # rank 0 may now close its store
+                    raise RendezvousCut(why, stalled)
+                if self.rank == 0 and hosts:
+                    self._watch_missing(hosts, keys, silence)
+            except RendezvousCut:
+                raise
+            except Exception:  # noqa: S110 (the store answers again at the next look, or the timeout ends it)
+                pass
+
+    def _watch_missing(self, hosts: list[str], keys: list[str], silence: Silence) -> None:
+        from datetime import timedelta
+
+        per_node = self.world // len(hosts)
+        missing = [i for i, k in enumerate(keys) if not self.store.check([k])]
+        nodes = sorted({i // per_node for i in missing})
+        answers = probe([(hosts[n], self.a.port) for n in nodes], 1.0)
+        now = time.monotonic()
+        silence.update(answers, now)
+        cut = [n for n in nodes if silence.silent_for((hosts[n], self.a.port), now) >= self.a.unreachable_after]
+        if cut:
+            ranks = [i for i in missing if i // per_node in cut]
+            why = (f"rendezvous: rank(s) {ranks} cut off: their node(s) {', '.join(hosts[n] for n in cut)} gave rank 0 "
+                   f"no answer at all for {self.a.unreachable_after:g}s")  # fmt: skip
+            self.store.set("abort", why)
+            # The store lives in this process: keep it until every rank that arrived has read why (their next look,
+            # within a second), at most 5 s; a rank that misses it still ends at the rendezvous timeout.
+            arrived = [f"abort_seen/{i}" for i in range(1, self.world) if i not in missing]
+            try:
+                self.store.wait(arrived, timedelta(seconds=5))
+            except Exception:  # noqa: S110 (see above)
+                pass
+            raise RendezvousCut(why)
 
     def _prev_walls(self) -> list[float]:
         walls = []
@@ -533,7 +671,8 @@ def run_rank(a: argparse.Namespace) -> int:
         code = EXIT_TIMEOUT
     except TimeoutError as e:
         rk = state["rank"]
-        out.update(error=str(e), phase=rk.phase if rk else "start", stalled=_stalled(rk, a),
+        stalled = getattr(e, "stalled", None) or _stalled(rk, a)
+        out.update(error=str(e), phase=rk.phase if rk else "start", stalled=stalled,
                    results=rk.results if rk else [])  # fmt: skip
         code = EXIT_TIMEOUT
     except Exception as e:
@@ -634,7 +773,8 @@ def _common_args(a: argparse.Namespace) -> list[str]:
     return ["--backend", a.backend, "--ops", ",".join(a.ops), "--dtypes", ",".join(a.dtypes),
             "--sizes", ",".join(map(str, a.sizes)), "--iters", str(a.iters), "--warmup", str(a.warmup),
             "--reps", str(a.reps), "--timing", a.timing, "--eager-from", str(a.eager_from),
-            "--timeout", str(a.timeout), "--op-timeout", str(a.op_timeout), "--deadline", str(a.deadline),
+            "--timeout", str(a.timeout), "--unreachable-after", str(a.unreachable_after),
+            "--op-timeout", str(a.op_timeout), "--deadline", str(a.deadline),
             "--check-iters", str(a.check_iters), "--corrupt-rank", str(a.corrupt_rank),
             *(["--corrupt-transit", ":".join("*" if v is None else str(v) for v in transit)] if transit else []),
             *(["--reference"] if a.reference else [])]  # fmt: skip
@@ -654,6 +794,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eager-from", type=parse_size, default=1024**2,
                    help="auto timing: from this many bytes per rank, also eager calls; the faster counts")  # fmt: skip
     p.add_argument("--timeout", type=float, default=60, help="rendezvous timeout (s)")
+    p.add_argument("--unreachable-after", type=float, default=5,
+                   help="a node that gives no TCP answer at all (no connection, no refusal) for this long is named "
+                        "cut off at once, within the rendezvous timeout (s)")  # fmt: skip
     p.add_argument("--op-timeout", type=float, default=60, help="per-collective timeout (s)")
     p.add_argument("--deadline", type=float, default=600, help="outer watchdog for the whole rank (s)")
     p.add_argument("--check-iters", type=int, default=2, help="runs on the exact pattern whose results are checked")
@@ -675,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--out", help="also write the JSON result here")
     rp.add_argument("--delay-start", type=float, default=0, help="fault injection: start this many seconds late")
     rp.add_argument("--barrier-end", action="store_true")
+    rp.add_argument("--hosts", type=lambda s: [x for x in s.split(",") if x], default=[],
+                    help="the world's nodes' fabric IPs in rank order (each node's ranks consecutive): rank 0 probes "
+                         "the nodes of ranks that do not arrive")  # fmt: skip
     rp.add_argument("--prev-wall", type=float, default=None,
                     help="chained phase: the slowest wall time (s) of this node's previous-phase ranks")  # fmt: skip
     rp.add_argument("--deadline-factor", type=float, default=0,
@@ -855,10 +1001,11 @@ def run_node_worlds(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
     ranks of a second world right after, from the same processes: a list of results per world.
 
     spec: python, world, master, port, ranks ([[global_rank, local_rank], ...]), env (dict),
-    args (list of extra rank args), deadline, pythonpath, delay_ranks ({rank: seconds}, fault injection);
-    then: the second world's world, master, port, ranks, deadline (at most), deadline_factor, args (more rank
-    args), delay_ranks. One process per NUMA node of the ranks' GPUs (all of them when none is known) imports
-    torch once and forks its ranks (run_ranks), bound like engine ranks with numactl."""
+    args (list of extra rank args), deadline, pythonpath, hosts (the world's nodes' fabric IPs, for rank 0's
+    probes), delay_ranks ({rank: seconds}, fault injection); then: the second world's world, master, port,
+    ranks, deadline (at most), deadline_factor, hosts, args (more rank args), delay_ranks. One process per NUMA
+    node of the ranks' GPUs (all of them when none is known) imports torch once and forks its ranks (run_ranks),
+    bound like engine ranks with numactl."""
     env = {**os.environ, **spec.get("env", {})}
     if spec.get("pythonpath"):
         env["PYTHONPATH"] = spec["pythonpath"] + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -942,6 +1089,8 @@ def rank_args(spec: dict[str, Any], rank: int, local: int) -> list[str]:
     if "--timing" not in args and len(spec.get("ranks") or []) < spec["world"]:
         # A world across nodes times eagerly: graph capture over host-staged transports can hang.
         args += ["--timing", "eager"]
+    if spec.get("hosts"):
+        args += ["--hosts", ",".join(spec["hosts"])]
     delay = (spec.get("delay_ranks") or {}).get(str(rank))
     if delay:
         args += ["--delay-start", str(delay)]

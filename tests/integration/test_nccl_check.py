@@ -52,9 +52,8 @@ def test_a_node_whose_fabric_is_down_is_named(lab):
     for r in rules:
         run(["ip", "netns", "exec", ns, "iptables", *r])
     try:
-        # A shorter rendezvous timeout than the lab's 20 s (every world node3 is in waits it out; the local
-        # lab's worlds meet in about a second).
-        cp, v, took = check(lab, "-e", "nccl_check_timeout=10")
+        # The lab's 20 s rendezvous timeout: node3 is named by silence (nccl_check_unreachable_after, 5 s) first.
+        cp, v, took = check(lab)
     finally:
         run(["ip", "netns", "exec", ns, "iptables", "-F", "INPUT"])
     assert cp.returncode != 0
@@ -66,4 +65,11 @@ def test_a_node_whose_fabric_is_down_is_named(lab):
     # again without it and passed, so no pairwise round ran.
     assert v["cut_off"] == ["node3"] and v["rest"]["ok"] and v["pairs"] == [], v["lines"]
     assert "phase 2 without node3 (6 ranks): PASS: 6 ranks, every element exact" in v["lines"]
+    # Named by silence, not by the rendezvous timeout: node3's ranks heard nothing from node1, and rank 0 nothing
+    # from node3, which ended the rendezvous for everyone who had arrived.
+    by_rank = {r["rank"]: r for r in v["ranks"]}
+    for r in (4, 5):
+        assert by_rank[r]["store_unreachable"] and "node 10.77.0.11 gave no answer at all" in by_rank[r]["error"]
+    cut = "rendezvous: rank(s) [4, 5] cut off: their node(s) 10.77.0.13 gave rank 0 no answer at all for 5s"
+    assert [by_rank[r]["error"] for r in (0, 1, 2, 3, 6, 7)] == [cut] * 6, v["ranks"]
     print(f"link down: verdict in {took:.0f}s")

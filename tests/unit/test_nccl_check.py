@@ -3,6 +3,8 @@ gloo worlds on this host (one process per rank) with a corrupting rank and a ran
 Exact values at any world size: test_nccl_patterns.py; data damaged in transit:
 test_nccl_attribution.py; what the results mean: test_nccl_verdict.py."""
 
+import argparse
+import contextlib
 import itertools
 import json
 import subprocess
@@ -182,3 +184,89 @@ def test_chained_worlds_fork_from_one_import_and_share_the_slowest_previous_wall
     assert full0["culprit_ranks"] == [1] == full1["culprit_ranks"] and not full0["ok"]
     slowest = max(single0["wall_s"], single1["wall_s"])
     assert full0["deadline_s"] == full1["deadline_s"] == min(60, math.ceil(slowest * 2 + 10)), (full0, full1)
+
+
+@contextlib.contextmanager
+def silent(ip="127.0.0.2", port=0):
+    """An address that gives no TCP answer at all, as a node whose fabric is down: a listener whose accept queue
+    (backlog 0) is full, so the kernel drops every further SYN. (Public test addresses are no use: a sandbox's
+    gateway may accept or refuse anything.)"""
+    import socket
+
+    with socket.socket() as full, socket.socket() as filler:
+        full.bind((ip, port))
+        full.listen(0)
+        filler.connect(full.getsockname())  # handshake done, never accepted: the queue is full
+        yield full.getsockname()
+
+
+def test_a_probe_tells_an_answer_from_silence():
+    import socket
+
+    with socket.socket() as listening, socket.socket() as closed, silent() as quiet:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: the kernel refuses connections
+        addrs = [listening.getsockname(), closed.getsockname(), quiet]
+        got = nccl_check.probe(addrs, 1.0)
+    assert got == dict(zip(addrs, ["open", "refused", "silent"], strict=True))
+    silence = nccl_check.Silence()
+    silence.update({("a", 1): "silent", ("b", 1): "refused"}, 10.0)
+    silence.update({("a", 1): "silent"}, 12.5)
+    assert silence.silent_for(("a", 1), 13.0) == 3.0 and silence.silent_for(("b", 1), 13.0) == 0.0
+    silence.update({("a", 1): "refused"}, 14.0)  # an answer ends the silence
+    assert silence.silent_for(("a", 1), 15.0) == 0.0
+
+
+def test_a_rank_on_a_silent_node_is_named_by_rank_0_long_before_the_rendezvous_timeout(monkeypatch):
+    """Rank 2's node gives no TCP answer at all: rank 0 names it after --unreachable-after (1 s here) and every
+    rank that arrived ends with that reason and the phases it read, not at the 60 s rendezvous timeout. Ranks 0
+    and 1 run their real rendezvous over a real TCPStore (threads of this process); only rank 2's node's silence
+    is simulated (the store listens on every address at the world's port, so no local listener can be silent
+    there): the lab's fabric-down test drops its packets for real."""
+    pytest.importorskip("torch")
+    import threading
+
+    real_probe = nccl_check.probe
+    asked = []
+
+    def probe(addrs, seconds):
+        asked.extend(a for a in addrs if a[0] == "10.0.0.3")
+        return {**real_probe([a for a in addrs if a[0] != "10.0.0.3"], seconds),
+                **{a: "silent" for a in addrs if a[0] == "10.0.0.3"}}  # fmt: skip
+
+    monkeypatch.setattr(nccl_check, "probe", probe)
+    port = nccl_check.free_port()
+    out: dict[int, BaseException] = {}
+
+    def rank(r: int) -> None:
+        a = argparse.Namespace(
+            rank=r, world=3, local_rank=r, master="127.0.0.1", port=port, backend="gloo", timing="eager", timeout=60.0,
+            unreachable_after=1.0, hosts=["127.0.0.1", "127.0.0.1", "10.0.0.3"], prev_wall=None, deadline_factor=0,
+            deadline=45)  # fmt: skip
+        try:
+            nccl_check.Rank(a).init()
+        except BaseException as e:
+            out[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(50)
+    why = "rendezvous: rank(s) [2] cut off: their node(s) 10.0.0.3 gave rank 0 no answer at all for 1s"
+    assert {r: (type(e).__name__, str(e)) for r, e in out.items()} == {r: ("RendezvousCut", why) for r in (0, 1)}
+    # rank 1 read every phase before it left rank 0's store; rank 0 reads its own (run_rank's _stalled)
+    assert out[1].stalled == {"0": "rendezvous", "1": "rendezvous", "2": "missing"}
+    assert asked and set(asked) == {("10.0.0.3", port)}  # rank 0 probed the missing rank's node, nobody else's
+
+
+def test_a_rank_whose_head_is_silent_says_so_long_before_the_rendezvous_timeout():
+    pytest.importorskip("torch")
+    args = [*node_spec()["args"], "--unreachable-after", "1", "--timeout", "60"]
+    with silent() as (ip, port):
+        (r,) = nccl_check.run_node_ranks(node_spec(world=2, ranks=[[1, 0]], master=ip, port=port, deadline=45,
+                                                   args=args))  # fmt: skip
+    assert r["exit"] == nccl_check.EXIT_TIMEOUT and r["store_unreachable"] is True, r
+    assert r["error"] == (f"rank 0's node 127.0.0.2 gave no answer at all (no connection, no refusal) to port {port} "
+                          "for 1s: it cannot be reached over the fabric from here")  # fmt: skip

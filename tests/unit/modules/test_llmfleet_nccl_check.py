@@ -19,7 +19,8 @@ def test_options_become_the_rank_spec(monkeypatch, tmp_path):
     ranks = Recorder([[{"rank": 2, "ok": True}, {"rank": 3, "ok": True}]])
     monkeypatch.setattr(mod, "run_node_worlds", ranks)
     res = run(mod, base(tmp_path, backend="nccl", ops=["all_reduce"], sizes=["1M", "8"], iters=3, timeout=10,
-                        op_timeout=20, deadline=60, corrupt_rank=3, delay_ranks={3: 1.5}, numa_nodes=[1, ""]))  # fmt: skip
+                        op_timeout=20, deadline=60, corrupt_rank=3, delay_ranks={3: 1.5}, numa_nodes=[1, ""],
+                        unreachable_after=4, hosts=["10.0.0.11", "10.0.0.12"]))  # fmt: skip
     (spec,) = ranks.args
     assert spec == {
         "python": "/opt/engine/bin/python",
@@ -29,9 +30,10 @@ def test_options_become_the_rank_spec(monkeypatch, tmp_path):
         "master": "10.0.0.11",
         "port": 29600,
         "ranks": [[2, 0], [3, 1]],
-        "args": "--backend nccl --ops all_reduce --sizes 1M,8 --iters 3 --warmup 1 --timeout 10.0 --op-timeout 20.0 "
-        "--corrupt-rank 3".split(),
+        "args": "--backend nccl --ops all_reduce --sizes 1M,8 --iters 3 --warmup 1 --timeout 10.0 --unreachable-after 4.0 "
+        "--op-timeout 20.0 --corrupt-rank 3".split(),
         "deadline": 60.0,
+        "hosts": ["10.0.0.11", "10.0.0.12"],
         "delay_ranks": {"3": 1.5},
         "numa_nodes": [1, None],
     }
@@ -95,7 +97,8 @@ def test_a_chained_world_gets_its_own_rank_layout_and_faults(monkeypatch, tmp_pa
         [[{"rank": 2, "ok": True}, {"rank": 3, "ok": True}], [{"rank": 4, "ok": True}, {"rank": 5, "ok": False}]]
     )
     monkeypatch.setattr(mod, "run_node_worlds", worlds)
-    then = {**THEN, "ranks": [["4", 0], [5, "1"]], "corrupt_rank": 5, "delay_ranks": {4: 2}}
+    then = {**THEN, "ranks": [["4", 0], [5, "1"]], "corrupt_rank": 5, "delay_ranks": {4: 2},
+            "hosts": ["10.0.0.10", "10.0.0.11", "10.0.0.12", "10.0.0.13"]}  # fmt: skip
     res = run(mod, base(tmp_path, corrupt_rank=3, then=then))
     (spec,) = worlds.args
     assert spec["then"] == {
@@ -103,6 +106,7 @@ def test_a_chained_world_gets_its_own_rank_layout_and_faults(monkeypatch, tmp_pa
         "master": "10.0.0.10",
         "port": 29601,
         "ranks": [[4, 0], [5, 1]],
+        "hosts": ["10.0.0.10", "10.0.0.11", "10.0.0.12", "10.0.0.13"],
         "deadline": 90.0,
         "deadline_factor": 3.0,
         "args": ["--corrupt-rank", "5"],
