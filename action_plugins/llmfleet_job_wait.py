@@ -24,6 +24,7 @@ def argument_spec() -> dict:
     """The options (a fresh dict each call); tests compare them with the stub's DOCUMENTATION."""
     return {
         "jid": {"type": "str", "required": True},
+        "results_file": {"type": "str"},
         "what": {"type": "str", "required": True},
         "progress_path": {"type": "path"},
         "progress": {"type": "str", "default": "none", "choices": list(PROGRESS_FORMATS)},
@@ -76,7 +77,8 @@ class ActionModule(ActionBase):
         # gets its last progress line: the person always sees where each node ended, however quick the job.
         next_line = start + args["interval"]
         last, shown, wait = None, False, 0.0
-        job_file = f"{async_dir.rstrip('/')}/{args['jid']}"
+        # A job a module detached itself says where its file is (llmfleet.jobs); an async task's is in async_dir.
+        job_file = args["results_file"] or f"{async_dir.rstrip('/')}/{args['jid']}"
         while True:
             # A shell loop and `cat` of the job's status file, not an async_status module run: a module costs a Python
             # start-up and ansible's imports on the node (or on the ops host for a delegated gate), 0.3-0.5 s of CPU

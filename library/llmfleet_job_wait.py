@@ -29,6 +29,11 @@ options:
     description: The async job id (C(ansible_job_id) of the job task's registered result).
     type: str
     required: true
+  results_file:
+    description: >-
+      The job's status file on the node, as the task that started it returned it (C(results_file)) - for a job a module
+      detached itself (M(llmfleet_nccl_check) with C(detach=true)); without it, I(jid) in the async directory.
+    type: str
   what:
     description: What the job does, for the progress and timeout lines (e.g. C(single-node NCCL worlds)).
     type: str

@@ -111,6 +111,13 @@ options:
     type: list
     elements: raw
     default: []
+  detach:
+    description:
+      - Return at once with an async job id (C(ansible_job_id), C(results_file)) for M(llmfleet_job_wait), the
+        ranks running in a detached process whose job file then holds this module's result - what C(async)/C(poll=0)
+        does, in one round trip per node instead of six.
+    type: bool
+    default: false
   then:
     description:
       - This node's ranks of a second world, started as soon as this node's ranks of the first have ended, from
@@ -206,6 +213,22 @@ then_ok:
   description: Every local rank of the second world passed.
   returned: when I(then) is given
   type: bool
+ansible_job_id:
+  description: The detached job's id, for M(llmfleet_job_wait).
+  returned: when I(detach) is true
+  type: str
+results_file:
+  description: The detached job's file on the node (async_wrapper's format) that M(llmfleet_job_wait) reads.
+  returned: when I(detach) is true
+  type: str
+started:
+  description: The detached job started.
+  returned: when I(detach) is true
+  type: bool
+finished:
+  description: The detached job has not finished yet (always false here).
+  returned: when I(detach) is true
+  type: bool
 skipped_in_check_mode:
   description: Nothing was run because of check mode.
   returned: check mode
@@ -213,6 +236,7 @@ skipped_in_check_mode:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet import jobs
 from ansible.module_utils.llmfleet.nccl_check import read_env_file, run_node_worlds, visible_env, world_error
 
 
@@ -239,6 +263,7 @@ def argument_spec() -> dict:
         "delay_ranks": {"type": "dict", "default": {}},
         "numa_nodes": {"type": "list", "elements": "raw", "default": []},
         "visible_devices": {"type": "str", "default": ""},
+        "detach": {"type": "bool", "default": False},
         "then": {
             "type": "dict",
             "options": {
@@ -327,13 +352,27 @@ def run(module: AnsibleModule) -> None:
             "args": ["--corrupt-rank", str(then["corrupt_rank"])],
             "delay_ranks": {str(k): v for k, v in then["delay_ranks"].items()},
         }
+    if p["detach"]:
+        # run_node_worlds bounds itself by the deadlines (every rank group killed past them); this only catches a
+        # job that did not, as an async task's limit would.
+        limit = p["deadline"] + (then["deadline"] if then else 0) + 120
+        module.exit_json(changed=False, **jobs.start(lambda: node_result(spec, p["python"]), limit))
+    res = node_result(spec, p["python"])
+    if res.get("failed"):
+        module.fail_json(**res)
+    module.exit_json(**res)
+
+
+def node_result(spec: dict, python: str) -> dict:
+    """The module's result: this node's ranks of each world (run_node_worlds), or a failure naming the fix."""
     try:
         worlds = run_node_worlds(spec)
     except OSError as e:  # the engine's Python (or numactl) cannot be started
-        module.fail_json(msg=f"cannot start the NCCL check ranks with {p['python']}: {e}; check llmfleet_engine_python")
+        return {"failed": True, "changed": False,
+                "msg": f"cannot start the NCCL check ranks with {python}: {e}; check llmfleet_engine_python"}  # fmt: skip
     ranks = worlds[0]
-    more = {"then_ranks": worlds[1], "then_ok": all(r.get("ok") for r in worlds[1])} if then else {}
-    module.exit_json(changed=False, ranks=ranks, ok=all(r.get("ok") for r in ranks), **more)
+    more = {"then_ranks": worlds[1], "then_ok": all(r.get("ok") for r in worlds[1])} if "then" in spec else {}
+    return {"changed": False, "ranks": ranks, "ok": all(r.get("ok") for r in ranks), **more}
 
 
 def main() -> None:

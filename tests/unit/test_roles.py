@@ -227,6 +227,12 @@ RANGES = [
     ("model_stage", {**STAGE_REQUIRED, "model_stage_peer_port": 70000}, "model_stage_peer_port=70000 is out of range: it must be between 0 and 65535"),
     ("nccl_check", {"nccl_check_ranks_per_node": 0}, "nccl_check_ranks_per_node=0 is out of range: it must be >= 1"),
     ("nccl_check", {"nccl_check_iters": 0}, "nccl_check_iters=0 is out of range"),
+    ("nccl_check", {"nccl_check_port": 0, "nccl_check_deadline": 0},
+     "nccl_check_port=0 is out of range: it must be between 1 and 65000 (a TCP port; the phases use the next ports "
+     "too); nccl_check_deadline=0 is out of range: it must be >= 1 (seconds)"),
+    ("nccl_check", {"nccl_check_timeout": 20, "nccl_check_unreachable_after": 30},
+     "nccl_check_unreachable_after=30 is out of range: it must be between 1 and 20 (seconds, within the rendezvous "
+     "timeout nccl_check_timeout)"),
     ("nccl_check", {"nccl_check_sizes": ["8", "1X"]}, "nccl_check_sizes item 1X: not a size in bytes per rank"),
     ("nccl_check", {"nccl_check_sizes": ["8", "1M"]}, "nccl_check_reference_size=1G is not one of nccl_check_sizes"),
     ("nccl_check", {"nccl_check_backend": "mpi"}, "value of nccl_check_backend must be one of: nccl, gloo, got: mpi"),

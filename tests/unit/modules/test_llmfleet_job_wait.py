@@ -299,3 +299,17 @@ def test_a_finished_jobs_result_is_read_from_its_file_without_a_module_run(monke
 def test_a_job_file_that_holds_no_result_is_left_to_async_status(monkeypatch, text):
     am, _calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x"}, [text])
     assert am._result(text, "j1") is None
+
+
+def test_a_detached_jobs_own_results_file_is_the_one_read(monkeypatch):
+    am, _calls, _lines = plugin(monkeypatch, {"jid": "j1", "what": "x", "results_file": "/var/tmp/jobs/j1"},
+                               [{"finished": 1, "ok": True}])  # fmt: skip
+    shell, sent = am._low_level_execute_command, []
+
+    def elsewhere(cmd, sudoable=False):  # the fake node keeps job files in one place: map the path there
+        sent.append(cmd)
+        return shell(cmd.replace("/var/tmp/jobs/", "/home/ops/.ansible_async/"), sudoable)
+
+    monkeypatch.setattr(am, "_low_level_execute_command", elsewhere)
+    assert am.run(task_vars={"inventory_hostname": "node1"}) == {"ok": True}
+    assert sent == ["cat -- /var/tmp/jobs/j1", "rm -f -- /var/tmp/jobs/j1"]

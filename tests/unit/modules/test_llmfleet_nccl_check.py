@@ -115,3 +115,22 @@ def test_a_chained_world_gets_its_own_rank_layout_and_faults(monkeypatch, tmp_pa
     assert spec["args"][-2:] == ["--corrupt-rank", "3"]  # the first world's own
     assert res["ok"] is True and res["then_ok"] is False and [r["rank"] for r in res["then_ranks"]] == [4, 5]
     assert not undocumented(mod, res)
+
+
+def test_detach_returns_a_job_whose_file_gets_the_modules_result(monkeypatch, tmp_path):
+    import json
+    import time
+
+    worlds = Recorder([[{"rank": 2, "ok": True}, {"rank": 3, "ok": True}]])
+    monkeypatch.setattr(mod, "run_node_worlds", worlds)
+    monkeypatch.setenv("ANSIBLE_ASYNC_DIR", str(tmp_path / "async"))
+    res = run(mod, base(tmp_path, detach=True))
+    assert res["started"] is True and res["finished"] is False and res["changed"] is False
+    assert res["results_file"] == str(tmp_path / "async" / res["ansible_job_id"])
+    assert not undocumented(mod, res)
+    for _ in range(200):  # the detached job writes the result the module returns without detach
+        data = json.loads(open(res["results_file"]).read())
+        if "started" not in data:
+            break
+        time.sleep(0.05)
+    assert data == {"changed": False, "ranks": [{"rank": 2, "ok": True}, {"rank": 3, "ok": True}], "ok": True}

@@ -1,0 +1,47 @@
+"""llmfleet.jobs: a module's work detached as a job in async_wrapper's file protocol (really forked here)."""
+
+import json
+import os
+import time
+
+import pytest
+
+from llmfleet import jobs
+
+
+def wait_done(path, seconds=20):
+    """The job file once it no longer says running (as llmfleet_job_wait looks at it on the node)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        data = json.loads(open(path).read())
+        if "started" not in data:
+            return data
+        time.sleep(0.05)
+    pytest.fail(f"{path} still says running after {seconds} s")
+
+
+def test_the_work_runs_detached_and_its_result_replaces_the_running_file(tmp_path):
+    started = jobs.start(lambda: {"changed": False, "ok": True, "pid": os.getpid(), "sid": os.getsid(0)}, 30,
+                         str(tmp_path / "async"))  # fmt: skip
+    path = started["results_file"]
+    assert started == {"ansible_job_id": os.path.basename(path), "results_file": path, "started": True,
+                       "finished": False}  # fmt: skip
+    assert os.stat(tmp_path / "async").st_mode & 0o777 == 0o700 and os.stat(path).st_mode & 0o777 == 0o600
+    res = wait_done(path)
+    assert res["ok"] is True and res["pid"] != os.getpid()
+    assert res["sid"] != os.getsid(0)  # a session of its own: no terminal or SSH session holds it
+
+
+def test_a_failing_work_leaves_a_failure_naming_it(tmp_path):
+    def work():
+        raise OSError("numactl: not found")
+
+    res = wait_done(jobs.start(work, 30, str(tmp_path))["results_file"])
+    assert res == {"failed": True, "msg": "the job failed: OSError: numactl: not found"}
+
+
+def test_a_work_past_its_limit_is_killed_and_says_so(tmp_path):
+    started = jobs.start(lambda: time.sleep(60) or {"ok": True}, 1, str(tmp_path))
+    res = wait_done(started["results_file"])
+    assert res == {"failed": True, "msg": "the job ran past its limit of 1 s and was killed",
+                   "ansible_job_id": started["ansible_job_id"]}  # fmt: skip
