@@ -39,6 +39,11 @@ options:
     description: Use NVML when pynvml is installed.
     type: bool
     default: true
+  fabric_env:
+    description:
+      - The fabric env file the topology role writes. When given, I(fabric_env_now) says how it and its directory
+        are now, so the role skips writing what is already as it must be (without following a symlink).
+    type: path
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -75,6 +80,12 @@ warnings_list:
   returned: success
   type: list
   elements: str
+fabric_env_now:
+  description:
+    - I(fabric_env) as it is - C(sha1) of its text, and whether it (C(file_ok)) and its directory (C(dir_ok)) are
+      root-owned with modes 0644 and 0755. C(sha1) is null when it is missing or not a regular file.
+  returned: when I(fabric_env) is given
+  type: dict
 ansible_facts:
   description: Facts added to the host.
   returned: success
@@ -92,7 +103,10 @@ ansible_facts:
       type: dict
 """
 
+import hashlib
+import os
 import socket
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet.topology import OverrideError, TopologyError, report
@@ -106,6 +120,7 @@ def argument_spec() -> dict:
         "overrides": {"type": "dict", "default": {}},
         "extra_env": {"type": "dict", "default": {}},
         "use_nvml": {"type": "bool", "default": True},
+        "fabric_env": {"type": "path"},
     }
 
 
@@ -142,9 +157,33 @@ def run(module: AnsibleModule) -> None:
     }
     # The rail rule (docs/topology.md): which HCAs are GPU rails, and why the others are not.
     facts.update({k: topo[k] for k in ("rails", "non_rail_hcas", "rail_rule")})
+    now = {"fabric_env_now": file_now(p["fabric_env"])} if p["fabric_env"] else {}
     module.exit_json(
-        changed=False, env=out["env"], warnings_list=out["warnings"], ansible_facts={"llmfleet_topology": facts}
+        changed=False, env=out["env"], warnings_list=out["warnings"], ansible_facts={"llmfleet_topology": facts}, **now
     )
+
+
+def file_now(path: str) -> dict:
+    """sha1 of a root-owned config file's text and whether it and its directory have the owner and modes the role
+    sets (lstat: a symlink is not the file, whatever it points at)."""
+
+    def ok(st: os.stat_result | None, kind: int, mode: int) -> bool:
+        return st is not None and stat.S_IFMT(st.st_mode) == kind and stat.S_IMODE(st.st_mode) == mode and \
+            st.st_uid == 0 and st.st_gid == 0  # fmt: skip
+
+    def lstat(p: str) -> os.stat_result | None:
+        try:
+            return os.lstat(p)
+        except OSError:
+            return None
+
+    st = lstat(path)
+    digest = None
+    if st is not None and stat.S_ISREG(st.st_mode):
+        with open(path, "rb") as f:
+            digest = hashlib.sha1(f.read()).hexdigest()  # noqa: S324 (a content fingerprint, as Ansible's checksum)
+    return {"sha1": digest, "file_ok": ok(st, stat.S_IFREG, 0o644),
+            "dir_ok": ok(lstat(os.path.dirname(path) or "."), stat.S_IFDIR, 0o755)}  # fmt: skip
 
 
 def main() -> None:

@@ -71,3 +71,29 @@ def test_bad_options_fail_naming_them(monkeypatch, args, text):
     monkeypatch.setattr(mod, "report", report)
     assert text in fail(mod, args)["msg"]
     assert report.calls == []
+
+
+def test_the_fabric_env_as_it_is_now_lets_the_role_skip_what_is_right(monkeypatch, tmp_path):
+    import hashlib
+    import os
+
+    monkeypatch.setattr(mod, "report", Recorder(REPORT))
+    conf = tmp_path / "llmfleet"
+    env = conf / "fabric.env"
+    root = os.getuid() == 0  # owner root: only a root test run can make the file right
+    assert run(mod, {"fabric_env": str(env)})["fabric_env_now"] == {"sha1": None, "file_ok": False, "dir_ok": False}
+    conf.mkdir(mode=0o755)
+    conf.chmod(0o755)
+    env.write_text("A=1\n")
+    env.chmod(0o644)
+    res = run(mod, {"fabric_env": str(env)})
+    want = hashlib.sha1(b"A=1\n").hexdigest()  # noqa: S324 (the fingerprint the module computes)
+    assert res["fabric_env_now"] == {"sha1": want, "file_ok": root, "dir_ok": root}
+    assert not undocumented(mod, res)
+    env.chmod(0o600)
+    assert run(mod, {"fabric_env": str(env)})["fabric_env_now"]["file_ok"] is False
+    env.unlink()
+    (tmp_path / "elsewhere").write_text("A=1\n")
+    env.symlink_to(tmp_path / "elsewhere")  # never read through: the role's template replaces the link
+    assert run(mod, {"fabric_env": str(env)})["fabric_env_now"] == {"sha1": None, "file_ok": False, "dir_ok": root}
+    assert "fabric_env_now" not in run(mod, {})
