@@ -138,6 +138,17 @@ options:
   progress_path:
     description: JSON progress file written while copying (read by M(llmfleet_job_wait)).
     type: path
+  detach:
+    description:
+      - After the checks and the plan, return at once with an async job id (C(ansible_job_id), C(results_file)) for
+        M(llmfleet_job_wait); the staging runs in a detached process whose job file then holds this module's result -
+        what C(async)/C(poll=0) does, in one round trip per node instead of six. Check mode never detaches.
+    type: bool
+    default: false
+  job_timeout:
+    description: With I(detach), the job is killed after this many seconds, as an async task's limit would kill it.
+    type: int
+    default: 21600
   rate_limit_bytes_per_s:
     description: Cap on this node's copy rate (0 = unlimited).
     type: int
@@ -169,6 +180,22 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ansible_job_id:
+  description: The detached job's id, for M(llmfleet_job_wait).
+  returned: when I(detach) is true, not in check mode
+  type: str
+results_file:
+  description: The detached job's file on the node (async_wrapper's format) that M(llmfleet_job_wait) reads.
+  returned: when I(detach) is true, not in check mode
+  type: str
+started:
+  description: The detached job started.
+  returned: when I(detach) is true, not in check mode
+  type: bool
+finished:
+  description: The detached job has not finished yet (always false here).
+  returned: when I(detach) is true, not in check mode
+  type: bool
 state:
   description: What the node has of the revision - C(absent), C(partial), C(published) or C(damaged).
   returned: check mode
@@ -274,6 +301,7 @@ import re
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet import jobs
 from ansible.module_utils.llmfleet.lease import LeaseTimeout
 from ansible.module_utils.llmfleet.manifest import load_manifest, manifest_digest, stat_manifest
 from ansible.module_utils.llmfleet.stage import StageRequest, plan, resolve_source
@@ -339,6 +367,8 @@ def argument_spec() -> dict:
         "peer_wait": {"type": "float", "default": 3600},
         "peer_dead_after": {"type": "float", "default": 60},
         "finish_wait": {"type": "float", "default": 600},
+        "detach": {"type": "bool", "default": False},
+        "job_timeout": {"type": "int", "default": 21600},
         "progress_path": {"type": "path"},
         "rate_limit_bytes_per_s": {"type": "int", "default": 0},
     }
@@ -419,10 +449,25 @@ def run(module: AnsibleModule) -> None:
             peer_dead_after=p["peer_dead_after"],
             finish_wait=p["finish_wait"],
         )
-        result = run_node(req, cfg)
     except (StageError, LeaseTimeout, OSError, ValueError) as e:  # ValueError: a malformed manifest file
         module.fail_json(msg=f"{host} ({p['me']}): staging {p['model']}@{p['revision']} failed: {e}")
+    if p["detach"]:
+        module.exit_json(
+            changed=False, **jobs.start(lambda: staged(req, cfg, p, host), p["job_timeout"], name="llmfleet-stage")
+        )
+    result = staged(req, cfg, p, host)
+    if result.get("failed"):
+        module.fail_json(**result)
     module.exit_json(**result)
+
+
+def staged(req: StageRequest, cfg: SwarmConfig, p: dict, host: str) -> dict:
+    """The module's result: this node's staging (run_node), or a failure naming the node, model and revision."""
+    try:
+        return run_node(req, cfg)
+    except (StageError, LeaseTimeout, OSError, ValueError) as e:
+        return {"failed": True, "changed": False,
+                "msg": f"{host} ({p['me']}): staging {p['model']}@{p['revision']} failed: {e}"}  # fmt: skip
 
 
 def main() -> None:

@@ -356,7 +356,9 @@ def run(module: AnsibleModule) -> None:
         # run_node_worlds bounds itself by the deadlines (every rank group killed past them); this only catches a
         # job that did not, as an async task's limit would.
         limit = p["deadline"] + (then["deadline"] if then else 0) + 120
-        module.exit_json(changed=False, **jobs.start(lambda: node_result(spec, p["python"]), limit))
+        module.exit_json(
+            changed=False, **jobs.start(lambda: node_result(spec, p["python"]), limit, name="llmfleet-nccl")
+        )
     res = node_result(spec, p["python"])
     if res.get("failed"):
         module.fail_json(**res)

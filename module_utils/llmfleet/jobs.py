@@ -35,10 +35,24 @@ def _write(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def start(work: Callable[[], dict[str, Any]], limit_s: float, directory: str | None = None) -> dict[str, Any]:
-    """Run work() detached (a session of its own, stdio on /dev/null) and return at once what an async task
-    registers: ansible_job_id, results_file, started, finished. The job file gets work()'s result, or a failure
-    naming the exception, or - past limit_s - a failure saying so (the job's process group is killed then)."""
+def set_name(name: str) -> None:
+    """The process name `ps`, `top` and `pkill NAME` show (15 bytes; Linux): a detached module run's command line
+    is only the node's python3 (Ansible pipes the module in), so this is what names it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):  # not Linux: nameless, nothing else changes
+        pass
+
+
+def start(
+    work: Callable[[], dict[str, Any]], limit_s: float, directory: str | None = None, name: str = "llmfleet-job"
+) -> dict[str, Any]:
+    """Run work() detached (a session of its own, stdio on /dev/null, process name `name`) and return at once what
+    an async task registers: ansible_job_id, results_file, started, finished. The job file says running (with the
+    job's pid) until it gets work()'s result, or a failure naming the exception, or - past limit_s - a failure
+    saying so (the job's process group is killed then)."""
     directory = directory or job_dir()
     os.makedirs(directory, mode=0o700, exist_ok=True)
     jid = f"j{secrets.randbelow(10**12):012d}.{os.getpid()}"
@@ -55,6 +69,8 @@ def start(work: Callable[[], dict[str, Any]], limit_s: float, directory: str | N
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
+            set_name(name)
+            _write(path, {"started": True, "finished": False, "ansible_job_id": jid, "pid": os.getpid()})
             _run(work, limit_s, path, jid)
         finally:
             os._exit(0)

@@ -100,7 +100,7 @@ def test_kill_9_mid_copy_then_resume(lab, tmp_path):
         kill_tree(proc.pid)
         proc.wait()
     for i in range(1, LAB_NODES + 1):  # SIGKILL the node-side staging processes, as a crash would
-        ssh(lab, f"node{i}", "pkill -9 -f '[A]nsiballZ_llmfleet_model_stage'; true")
+        ssh(lab, f"node{i}", "pkill -9 -x llmfleet-stage; true")  # the detached staging job's process name
     time.sleep(1)
     tree = node_tree(lab, "node1", model)
     assert f".partial-{revision}" in tree and revision not in tree, tree  # nothing half-done is published

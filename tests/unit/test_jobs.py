@@ -21,14 +21,19 @@ def wait_done(path, seconds=20):
 
 
 def test_the_work_runs_detached_and_its_result_replaces_the_running_file(tmp_path):
-    started = jobs.start(lambda: {"changed": False, "ok": True, "pid": os.getpid(), "sid": os.getsid(0)}, 30,
-                         str(tmp_path / "async"))  # fmt: skip
+    def work():
+        with open(f"/proc/{os.getpid()}/comm") as f:
+            comm = f.read().strip()
+        return {"changed": False, "ok": True, "pid": os.getpid(), "sid": os.getsid(0), "comm": comm}
+
+    started = jobs.start(work, 30, str(tmp_path / "async"), name="llmfleet-stage")
     path = started["results_file"]
     assert started == {"ansible_job_id": os.path.basename(path), "results_file": path, "started": True,
                        "finished": False}  # fmt: skip
     assert os.stat(tmp_path / "async").st_mode & 0o777 == 0o700 and os.stat(path).st_mode & 0o777 == 0o600
     res = wait_done(path)
     assert res["ok"] is True and res["pid"] != os.getpid()
+    assert res["comm"] == "llmfleet-stage"  # what ps, top and `pkill -x llmfleet-stage` see
     assert res["sid"] != os.getsid(0)  # a session of its own: no terminal or SSH session holds it
 
 

@@ -133,3 +133,28 @@ def test_bad_options_fail_naming_them(fakes, tmp_path, over, text):
     args = {k: v for k, v in base(tmp_path, **over).items() if v is not None}
     assert text in fail(mod, args)["msg"]
     assert fakes["run_node"].calls == [] and fakes["resolve_source"].calls == []
+
+
+@pytest.mark.parametrize("error", [None, StageError("a.safetensors: sha256 mismatch")])
+def test_detach_returns_a_job_whose_file_gets_the_modules_result(fakes, monkeypatch, tmp_path, error):
+    import time
+
+    if error:
+        monkeypatch.setattr(mod, "run_node", Recorder(raises=error))
+    monkeypatch.setenv("ANSIBLE_ASYNC_DIR", str(tmp_path / "async"))
+    res = run(mod, base(tmp_path, detach=True, job_timeout=60))
+    assert res["started"] is True and res["finished"] is False and res["changed"] is False
+    assert not undocumented(mod, res)
+    for _ in range(200):  # the detached job writes what the module returns (or fails with) without detach
+        data = json.loads(open(res["results_file"]).read())
+        if "started" not in data:
+            break
+        time.sleep(0.05)
+    want = {"failed": True, "changed": False, "msg": f"{__import__('socket').gethostname()} (node1): staging "
+            f"qwen@{REV} failed: {error}"} if error else RESULT  # fmt: skip
+    assert data == want
+
+
+def test_check_mode_never_detaches(fakes, tmp_path):
+    res = run(mod, base(tmp_path, detach=True), check=True)
+    assert "ansible_job_id" not in res and res["state"] == "partial"
