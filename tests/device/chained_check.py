@@ -1,7 +1,8 @@
 """The NCCL check's chained phases on a GPU: two "nodes" (run_node_worlds in two threads, both on GPU 0 over
 NCCL's socket transport, as the cross-node path runs there), each a single-node world of one rank and then
 its rank of a two-rank world forked from the same import of torch. Every op and size exact, the deadline
-agreed from both nodes' phase-1 walls, a corrupt rank of the second world named (docs/device-runs/*chained*).
+agreed from both nodes' phase-1 walls, a corrupt rank of the second world named, and a rank whose head gives no TCP
+answer named after --unreachable-after (docs/device-runs/*chained*).
 
     python3 tests/device/chained_check.py      (on the device machine; OUT=dir keeps chained.json)
 """
@@ -34,7 +35,8 @@ def run(corrupt: int) -> dict:
                 "env": {"NCCL_HOSTID": f"llmfleet-node-{i}"},
                 "args": ARGS,
                 "then": {"world": 2, "master": "127.0.0.1", "port": port, "ranks": [[i, 0]], "deadline": 300,
-                         "deadline_factor": 3, "args": ["--corrupt-rank", str(corrupt)]}}  # fmt: skip
+                         "hosts": ["127.0.0.1", "127.0.0.1"], "deadline_factor": 3,
+                         "args": ["--corrupt-rank", str(corrupt)]}}  # fmt: skip
         got[i] = nccl_check.run_node_worlds(spec)
 
     t0 = time.monotonic()
@@ -59,5 +61,25 @@ def run(corrupt: int) -> dict:
     return {"wall": wall, "want_deadline": want, "single": singles, "full": fulls}
 
 
-res = {"healthy": run(-1), "corrupt_rank_1": run(1)}
+def silent_head() -> dict:
+    """A rank whose head gives no TCP answer at all (a listener with a full accept queue drops every SYN, as a
+    downed fabric does) names it after --unreachable-after, not at the rendezvous timeout (60 s here)."""
+    import socket
+
+    with socket.socket() as full, socket.socket() as filler:
+        full.bind(("127.0.0.2", 0))
+        full.listen(0)
+        filler.connect(full.getsockname())
+        ip, port = full.getsockname()
+        spec = {"python": sys.executable, "pythonpath": os.path.abspath("module_utils"), "world": 2, "master": ip,
+                "port": port, "deadline": 120, "ranks": [[1, 0]], "env": {"NCCL_HOSTID": "llmfleet-node-1"},
+                "args": [*ARGS, "--unreachable-after", "3"]}  # fmt: skip
+        t0 = time.monotonic()
+        (r,) = nccl_check.run_node_ranks(spec)
+    print(f"silent head: {time.monotonic() - t0:.1f} s; exit {r['exit']}, store_unreachable "
+          f"{r.get('store_unreachable')}: {r.get('error')}")  # fmt: skip
+    return r
+
+
+res = {"healthy": run(-1), "corrupt_rank_1": run(1), "silent_head": silent_head()}
 json.dump(res, open(os.path.join(out, "chained.json"), "w"), indent=1)
