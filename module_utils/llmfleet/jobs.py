@@ -26,7 +26,7 @@ def job_dir() -> str:
 
 
 def _write(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # the job and its limit thread may both write
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(data, f)
@@ -60,7 +60,11 @@ def start(
     _write(path, {"started": True, "finished": False, "ansible_job_id": jid})
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as e:  # no process left to start (a limit): the job file says so, the wait reports it
+        _write(path, {"failed": True, "msg": f"the job could not start: {e}", "ansible_job_id": jid})
+        return {"ansible_job_id": jid, "results_file": path, "started": True, "finished": False}
     if pid == 0:  # the child: a new session, then a grandchild that no terminal or SSH session holds
         try:
             os.setsid()
@@ -72,6 +76,11 @@ def start(
             set_name(name)
             _write(path, {"started": True, "finished": False, "ansible_job_id": jid, "pid": os.getpid()})
             _run(work, limit_s, path, jid)
+        except BaseException as e:  # never a job file that says running with nobody running it
+            try:
+                _write(path, {"failed": True, "msg": f"the job could not start: {e}", "ansible_job_id": jid})
+            except BaseException:  # noqa: S110 (nothing left to tell it to; the wait's timeout ends the wait)
+                pass
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
@@ -93,4 +102,7 @@ def _run(work: Callable[[], dict[str, Any]], limit_s: float, path: str, jid: str
     except BaseException as e:
         result = {"failed": True, "msg": f"the job failed: {type(e).__name__}: {str(e)[:500]}"}
     done.set()
-    _write(path, result)
+    try:
+        _write(path, result)
+    except (TypeError, ValueError) as e:  # a result JSON cannot hold: say that instead
+        _write(path, {"failed": True, "msg": f"the job's result could not be written: {e}"})

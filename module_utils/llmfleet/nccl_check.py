@@ -351,7 +351,8 @@ class Rank:
             if silence.silent_for(head, now) >= self.a.unreachable_after:
                 raise StoreUnreachable(f"rank 0's node {self.a.master} gave no answer at all (no connection, no "
                                        f"refusal) to port {self.a.port} for {self.a.unreachable_after:g}s: it "
-                                       "cannot be reached over the fabric from here")  # fmt: skip
+                                       "cannot be reached over the fabric from here, or a firewall drops that "
+                                       "port")  # fmt: skip
             if now >= end:
                 raise StoreUnreachable(f"cannot reach the rendezvous store of rank 0 at {self.a.master}:"
                                        f"{self.a.port} within {self.a.timeout}s: connection refused")  # fmt: skip
@@ -402,7 +403,8 @@ class Rank:
         if cut:
             ranks = [i for i in missing if i // per_node in cut]
             why = (f"rendezvous: rank(s) {ranks} cut off: their node(s) {', '.join(hosts[n] for n in cut)} gave rank 0 "
-                   f"no answer at all for {self.a.unreachable_after:g}s")  # fmt: skip
+                   f"no answer at all for {self.a.unreachable_after:g}s (unreachable over the fabric, or a firewall "
+                   f"drops port {self.a.port})")  # fmt: skip
             self.store.set("abort", why)
             # The store lives in this process: keep it until every rank that arrived has read why (their next look,
             # within a second), at most 5 s; a rank that misses it still ends at the rendezvous timeout.

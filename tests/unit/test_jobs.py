@@ -50,3 +50,20 @@ def test_a_work_past_its_limit_is_killed_and_says_so(tmp_path):
     res = wait_done(started["results_file"])
     assert res == {"failed": True, "msg": "the job ran past its limit of 1 s and was killed",
                    "ansible_job_id": started["ansible_job_id"]}  # fmt: skip
+
+
+def test_a_job_that_cannot_fork_leaves_that_failure_for_the_wait(tmp_path, monkeypatch):
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(jobs.os, "fork", no_fork)
+    started = jobs.start(lambda: {"ok": True}, 30, str(tmp_path))
+    assert json.loads(open(started["results_file"]).read()) == {
+        "failed": True, "msg": "the job could not start: [Errno 11] Resource temporarily unavailable",
+        "ansible_job_id": started["ansible_job_id"]}  # fmt: skip
+
+
+def test_a_result_json_cannot_hold_is_a_failure_not_a_job_running_forever(tmp_path):
+    res = wait_done(jobs.start(lambda: {"ok": object()}, 30, str(tmp_path))["results_file"])
+    assert res["failed"] is True and res["msg"].startswith("the job's result could not be written: Object of type")
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

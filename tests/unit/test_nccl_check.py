@@ -254,7 +254,8 @@ def test_a_rank_on_a_silent_node_is_named_by_rank_0_long_before_the_rendezvous_t
         t.start()
     for t in threads:
         t.join(50)
-    why = "rendezvous: rank(s) [2] cut off: their node(s) 10.0.0.3 gave rank 0 no answer at all for 1s"
+    why = (f"rendezvous: rank(s) [2] cut off: their node(s) 10.0.0.3 gave rank 0 no answer at all for 1s (unreachable "
+           f"over the fabric, or a firewall drops port {port})")  # fmt: skip
     assert {r: (type(e).__name__, str(e)) for r, e in out.items()} == {r: ("RendezvousCut", why) for r in (0, 1)}
     # rank 1 read every phase before it left rank 0's store; rank 0 reads its own (run_rank's _stalled)
     assert out[1].stalled == {"0": "rendezvous", "1": "rendezvous", "2": "missing"}
@@ -269,4 +270,4 @@ def test_a_rank_whose_head_is_silent_says_so_long_before_the_rendezvous_timeout(
                                                    args=args))  # fmt: skip
     assert r["exit"] == nccl_check.EXIT_TIMEOUT and r["store_unreachable"] is True, r
     assert r["error"] == (f"rank 0's node 127.0.0.2 gave no answer at all (no connection, no refusal) to port {port} "
-                          "for 1s: it cannot be reached over the fabric from here")  # fmt: skip
+                          "for 1s: it cannot be reached over the fabric from here, or a firewall drops that port")  # fmt: skip
