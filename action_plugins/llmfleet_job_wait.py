@@ -82,7 +82,7 @@ class ActionModule(ActionBase):
         while True:
             # A shell loop and `cat` of the job's status file, not an async_status module run: a module costs a Python
             # start-up and ansible's imports on the node (or on the ops host for a delegated gate), 0.3-0.5 s of CPU
-            # per look on 2 cores, taken from the very start it waits for. The module still reads the result.
+            # per look on 2 cores, taken from the very start it waits for. The result comes from the same file.
             t0 = time.monotonic()
             text = self._wait_read(job_file, wait, args["poll"])
             if self._still_running(text):
