@@ -11,7 +11,7 @@ from ansible.module_utils.llmfleet.stage_errors import StageError
 from ansible.module_utils.llmfleet.swarm import SwarmConfig
 
 import llmfleet_model_stage as mod
-from tests.unit.modules.util import Recorder, fail, run, undocumented
+from tests.unit.modules.util import Recorder, fail, job_result, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")
 
@@ -137,7 +137,6 @@ def test_bad_options_fail_naming_them(fakes, tmp_path, over, text):
 
 @pytest.mark.parametrize("error", [None, StageError("a.safetensors: sha256 mismatch")])
 def test_detach_returns_a_job_whose_file_gets_the_modules_result(fakes, monkeypatch, tmp_path, error):
-    import time
 
     if error:
         monkeypatch.setattr(mod, "run_node", Recorder(raises=error))
@@ -145,11 +144,7 @@ def test_detach_returns_a_job_whose_file_gets_the_modules_result(fakes, monkeypa
     res = run(mod, base(tmp_path, detach=True, job_timeout=60))
     assert res["started"] is True and res["finished"] is False and res["changed"] is False
     assert not undocumented(mod, res)
-    for _ in range(200):  # the detached job writes what the module returns (or fails with) without detach
-        data = json.loads(open(res["results_file"]).read())
-        if "started" not in data:
-            break
-        time.sleep(0.05)
+    data = job_result(res["results_file"])  # what the module returns (or fails with) without detach
     want = {"failed": True, "changed": False, "msg": f"{__import__('socket').gethostname()} (node1): staging "
             f"qwen@{REV} failed: {error}"} if error else RESULT  # fmt: skip
     assert data == want

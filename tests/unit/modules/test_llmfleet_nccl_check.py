@@ -3,7 +3,7 @@
 import pytest
 
 import llmfleet_nccl_check as mod
-from tests.unit.modules.util import Recorder, fail, run, undocumented
+from tests.unit.modules.util import Recorder, fail, job_result, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")
 
@@ -118,8 +118,6 @@ def test_a_chained_world_gets_its_own_rank_layout_and_faults(monkeypatch, tmp_pa
 
 
 def test_detach_returns_a_job_whose_file_gets_the_modules_result(monkeypatch, tmp_path):
-    import json
-    import time
 
     worlds = Recorder([[{"rank": 2, "ok": True}, {"rank": 3, "ok": True}]])
     monkeypatch.setattr(mod, "run_node_worlds", worlds)
@@ -128,9 +126,5 @@ def test_detach_returns_a_job_whose_file_gets_the_modules_result(monkeypatch, tm
     assert res["started"] is True and res["finished"] is False and res["changed"] is False
     assert res["results_file"] == str(tmp_path / "async" / res["ansible_job_id"])
     assert not undocumented(mod, res)
-    for _ in range(200):  # the detached job writes the result the module returns without detach
-        data = json.loads(open(res["results_file"]).read())
-        if "started" not in data:
-            break
-        time.sleep(0.05)
+    data = job_result(res["results_file"])  # what the module returns (or fails with) without detach
     assert data == {"changed": False, "ranks": [{"rank": 2, "ok": True}, {"rank": 3, "ok": True}], "ok": True}

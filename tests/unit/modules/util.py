@@ -87,3 +87,18 @@ def real_spec(name: str) -> tuple[dict, dict]:
         module.AnsibleModule = original
     assert module.argument_spec() == seen["argument_spec"], f"{name}: build_module() does not use argument_spec()"
     return seen.pop("argument_spec"), seen
+
+
+def job_result(path: str, seconds: float = 20) -> dict:
+    """A detached job's file (llmfleet.jobs) once it no longer says running, as llmfleet_job_wait reads it."""
+    import json
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        with open(path) as f:
+            data = json.loads(f.read())
+        if "started" not in data:
+            return data
+        time.sleep(0.05)
+    pytest.fail(f"{path} still says running after {seconds} s")
