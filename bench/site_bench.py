@@ -92,6 +92,7 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--times", type=Path, help="also keep every task's time (JSON lines) in this file")
     a = ap.parse_args()
     lab = default_lab()
     lab.down()
@@ -109,6 +110,8 @@ def main() -> int:
     wall = time.monotonic() - t0
     try:
         raw = Path(times).read_text().splitlines()
+        if a.times:
+            a.times.write_text("\n".join(raw) + "\n")
     finally:
         os.unlink(times)
     if cp.returncode != 0:
