@@ -149,8 +149,11 @@ class ActionModule(ActionBase):
 
     def _cleaned_up(self, st: dict, job_file: str) -> dict:
         """The job's own result, its async status file removed (`rm`, as the task's become user, as async_status's
-        cleanup would)."""
-        self._low_level_execute_command(f"rm -f -- {shlex.quote(job_file)}", sudoable=True)
+        cleanup would), with the progress file a detached job may keep beside it (llmfleet.jobs.progress_file)."""
+        from llmfleet.jobs import progress_file  # the package on the ops host, as for the progress lines
+
+        files = f"{shlex.quote(job_file)} {shlex.quote(progress_file(job_file))}"
+        self._low_level_execute_command(f"rm -f -- {files}", sudoable=True)
         for k in ("ansible_job_id", "results_file", "started", "finished", "erased", "_ansible_parsed"):
             st.pop(k, None)
         return st

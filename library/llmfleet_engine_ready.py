@@ -136,8 +136,21 @@ options:
     description:
       - A JSON file the gate rewrites on every poll with each unit's state and start-up phase and the API's last
         problem, for progress lines while it runs as an async job (M(llmfleet_job_wait) with C(progress=gate)). Put
-        it in a private directory; it is written as C(<path>.tmp) and renamed.
+        it in a private directory; it is written as C(<path>.tmp) and renamed. With I(detach) and no path, the
+        job's own, beside its job file in the private job directory (returned as C(progress_path); the wait removes it).
     type: path
+  detach:
+    description:
+      - Return at once with a job id (C(ansible_job_id), C(results_file), C(progress_path)) for M(llmfleet_job_wait);
+        the gate runs in a detached process whose job file then holds this module's result - what
+        C(async)/C(poll=0) does, without async's start-up (a temporary directory, two file copies, one more module
+        run). Check mode never detaches.
+    type: bool
+    default: false
+  job_timeout:
+    description: With I(detach), the job is killed after this many seconds, as an async task's limit would kill it.
+    type: int
+    default: 21600
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -182,16 +195,36 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ansible_job_id:
+  description: The detached job's id, for M(llmfleet_job_wait).
+  returned: when I(detach) is true, not in check mode
+  type: str
+results_file:
+  description: The detached job's file (async_wrapper's format) that M(llmfleet_job_wait) reads.
+  returned: when I(detach) is true, not in check mode
+  type: str
+progress_path:
+  description: The progress file the detached gate rewrites, for M(llmfleet_job_wait) with C(progress=gate).
+  returned: when I(detach) is true, not in check mode
+  type: str
+started:
+  description: The detached job started.
+  returned: when I(detach) is true, not in check mode
+  type: bool
+finished:
+  description: The detached job has not finished yet (always false here).
+  returned: when I(detach) is true, not in check mode
+  type: bool
 ready:
   description: The deployment answered correctly.
-  returned: always
+  returned: always (with I(detach), in the job's result)
   type: bool
 timeline:
   description:
     - C({t0, nodes, head}) - per-node phases and the deployment API's events in seconds from the first unit start.
     - With I(router) also C(instances) (each instance's own port, models and answer events); the router's unit is a
       row of C(nodes) named C(<head>/router) and C(head) holds the router's events and C(kv_transfer_proven).
-  returned: always
+  returned: always (with I(detach), in the job's result)
   type: dict
 kv_transfer:
   description:
@@ -241,7 +274,10 @@ skipped_in_check_mode:
   type: bool
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet import jobs
 from ansible.module_utils.llmfleet.gate import DEFAULT_PROMPT, Gate, PrivilegeError, failure_message
 
 
@@ -285,6 +321,8 @@ def argument_spec() -> dict:
         },
         "require_kv_transfer": {"type": "bool", "default": True},
         "progress_path": {"type": "path"},
+        "detach": {"type": "bool", "default": False},
+        "job_timeout": {"type": "int", "default": 21600},
     }
 
 
@@ -300,24 +338,39 @@ def run(module: AnsibleModule) -> None:
         # The connect timeout is the module's, whatever the argv prefix was built with.
         n["ssh"] = [a if not str(a).startswith("ConnectTimeout=") else f"ConnectTimeout={int(p['connect_timeout'])}"
                     for a in n["ssh"]]  # fmt: skip
+    progress_path, jid = p["progress_path"], None
+    if p["detach"] and not progress_path:
+        jid = jobs.new_jid()
+        progress_path = jobs.progress_file(os.path.join(jobs.job_dir(), jid))
     try:
         gate = Gate(
             p["nodes"], p["unit"], status_file=p["status_file"], record_file=p["record_file"],
             api_base=p["api_base"], model=p["model"],
             api_key=p["api_key"] or None, prompt=p["prompt"], expect=p["expect"], deadline=p["deadline"],
             poll=p["poll"], journal_lines=p["journal_lines"], stop_timeout=p["stop_timeout"],
-            unreachable_after=p["unreachable_after"], read_as=p["read_as"], progress_path=p["progress_path"],
+            unreachable_after=p["unreachable_after"], read_as=p["read_as"], progress_path=progress_path,
             **({"router": p["router"], "require_kv_transfer": p["require_kv_transfer"]} if p["router"] else {}),
         )  # fmt: skip
     except ValueError as e:  # no head (node rank 0) among the nodes, or P/D nodes without api_base / pd_role
         module.fail_json(msg=f"nodes {[n['name'] for n in p['nodes']]}: {e}", ready=False, timeline={})
+    if p["detach"]:
+        job = jobs.start(lambda: gated(gate), p["job_timeout"], name="llmfleet-gate", jid=jid)
+        module.exit_json(changed=False, progress_path=progress_path, **job)
+    res = gated(gate)
+    if res.get("failed"):
+        module.fail_json(**res)
+    module.exit_json(**res)
+
+
+def gated(gate: Gate) -> dict:
+    """The module's result: the gate's outcome, a failure (with its message) when the deployment is not ready."""
     try:
         res = gate.wait()
     except PrivilegeError as e:
-        module.fail_json(msg=str(e), ready=False, timeline={})
+        return {"failed": True, "changed": False, "msg": str(e), "ready": False, "timeline": {}}
     if res["ready"]:
-        module.exit_json(changed=False, **res)
-    module.fail_json(msg=failure_message(res), **res)
+        return {"changed": False, **res}
+    return {"failed": True, "changed": False, "msg": failure_message(res), **res}
 
 
 def main() -> None:

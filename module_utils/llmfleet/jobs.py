@@ -46,16 +46,32 @@ def set_name(name: str) -> None:
         pass
 
 
+def new_jid() -> str:
+    """A job id, unique on this host (random, with the starting process's pid)."""
+    return f"j{secrets.randbelow(10**12):012d}.{os.getpid()}"
+
+
+def progress_file(results_file: str) -> str:
+    """Where a job keeps its progress file, beside its job file in the private job directory:
+    llmfleet_job_wait removes both when the job has ended."""
+    return results_file + ".progress"
+
+
 def start(
-    work: Callable[[], dict[str, Any]], limit_s: float, directory: str | None = None, name: str = "llmfleet-job"
+    work: Callable[[], dict[str, Any]],
+    limit_s: float,
+    directory: str | None = None,
+    name: str = "llmfleet-job",
+    jid: str | None = None,
 ) -> dict[str, Any]:
     """Run work() detached (a session of its own, stdio on /dev/null, process name `name`) and return at once what
     an async task registers: ansible_job_id, results_file, started, finished. The job file says running (with the
     job's pid) until it gets work()'s result, or a failure naming the exception, or - past limit_s - a failure
-    saying so (the job's process group is killed then)."""
+    saying so (the job's process group is killed then). `jid` (new_jid()) when work() needs to know its file's
+    path, e.g. for progress_file()."""
     directory = directory or job_dir()
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    jid = f"j{secrets.randbelow(10**12):012d}.{os.getpid()}"
+    jid = jid or new_jid()
     path = os.path.join(directory, jid)
     _write(path, {"started": True, "finished": False, "ansible_job_id": jid})
     sys.stdout.flush()

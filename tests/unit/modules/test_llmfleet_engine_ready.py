@@ -6,7 +6,7 @@ import pytest
 from ansible.module_utils.llmfleet.gate import DEFAULT_PROMPT, PrivilegeError
 
 import llmfleet_engine_ready as mod
-from tests.unit.modules.util import fail, run, undocumented
+from tests.unit.modules.util import fail, job_result, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")
 
@@ -113,6 +113,32 @@ def test_pd_nodes_without_their_api_fail_naming_them():
     assert (
         msg
         == "nodes ['node1', 'node2']: P/D (a router given): nodes ['node2'] need api_base and pd_role prefill|decode"
+    )
+
+
+@pytest.mark.parametrize("verdict", ["ready", "not ready", "refused"])
+def test_detach_returns_a_job_and_its_progress_file_and_the_job_file_gets_the_modules_result(
+    gate, monkeypatch, tmp_path, verdict
+):
+    monkeypatch.setenv("ANSIBLE_ASYNC_DIR", str(tmp_path / "async"))
+    gate.verdict = READY if verdict == "ready" else NOT_READY
+    gate.raises = PrivilegeError("node1: sudo -n refused") if verdict == "refused" else None
+    res = run(mod, base(detach=True, job_timeout=60))
+    assert res["started"] is True and res["finished"] is False and res["changed"] is False
+    assert res["progress_path"] == res["results_file"] + ".progress"
+    assert res["results_file"] == str(tmp_path / "async" / res["ansible_job_id"])
+    assert gate.made[0][2]["progress_path"] == res["progress_path"] and not undocumented(mod, res)
+    data = job_result(res["results_file"])  # what the module returns (or fails with) without detach
+    if verdict == "ready":
+        assert data == {**READY, "changed": False}
+    elif verdict == "not ready":
+        assert data["failed"] is True and data["msg"].startswith("engine not ready: first failed node node2")
+    else:
+        assert data == {"failed": True, "changed": False, "msg": "node1: sudo -n refused", "ready": False,
+                        "timeline": {}}  # fmt: skip
+    # A progress path the task gives is kept
+    assert run(mod, base(detach=True, progress_path=str(tmp_path / "p.json")))["progress_path"] == str(
+        tmp_path / "p.json"
     )
 
 

@@ -92,7 +92,7 @@ def test_options_become_the_node_calls_and_the_result_is_the_jobs(monkeypatch):
         r"2>/dev/null; do sleep 0.25; i=\$\(\(i\+1\)\); done; cat -- /home/ops/.ansible_async/j1",
         calls[2][1],
     )
-    assert calls[3:] == [("cat", "rm -f -- /home/ops/.ansible_async/j1")]
+    assert calls[3:] == [("cat", "rm -f -- /home/ops/.ansible_async/j1 /home/ops/.ansible_async/j1.progress")]
     assert lines == [
         "node1: copying 1.00/4.00 GiB (25%) at 512 MiB/s; from shared storage 1.00 GiB, from peers 0.00 GiB"
     ]
@@ -292,7 +292,7 @@ def test_a_finished_jobs_result_is_read_from_its_file_without_a_module_run(monke
     # A failure also gets the error summary the module runner adds to every failed module result
     assert "exception" in res if res.get("failed") else "exception" not in res
     assert {k: v for k, v in res.items() if k != "exception"} == want
-    assert calls == [("cat", "cat -- /home/ops/.ansible_async/j1"), ("cat", "rm -f -- /home/ops/.ansible_async/j1")]
+    assert calls == [("cat", "cat -- /home/ops/.ansible_async/j1"), ("cat", "rm -f -- /home/ops/.ansible_async/j1 /home/ops/.ansible_async/j1.progress")]
 
 
 @pytest.mark.parametrize("text", ['{"started": 1, "finished": 1}', "[1, 2]", "null"])
@@ -312,4 +312,4 @@ def test_a_detached_jobs_own_results_file_is_the_one_read(monkeypatch):
 
     monkeypatch.setattr(am, "_low_level_execute_command", elsewhere)
     assert am.run(task_vars={"inventory_hostname": "node1"}) == {"ok": True}
-    assert sent == ["cat -- /var/tmp/jobs/j1", "rm -f -- /var/tmp/jobs/j1"]
+    assert sent == ["cat -- /var/tmp/jobs/j1", "rm -f -- /var/tmp/jobs/j1 /var/tmp/jobs/j1.progress"]
