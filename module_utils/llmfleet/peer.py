@@ -167,9 +167,15 @@ def make_server(state: PeerState, bind: str, port: int) -> ThreadingHTTPServer:
             finally:
                 state._busy(-1)
 
-    server = ThreadingHTTPServer((bind, port), Handler)
+    server = _Server((bind, port), Handler)
     server.daemon_threads = True
     return server
+
+
+class _Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5. Every peer's status long poll and copy threads connect at once:
+    # past 5 the kernel dropped the SYN and the client's retransmit came 1 s later (then 3 s, 7 s).
+    request_queue_size = 1024
 
 
 def _follow(f: Any, sock: Any, size: int) -> int:

@@ -49,6 +49,12 @@ def lease_check(lease: Any, where: str) -> Callable[[], None] | None:
     return run
 
 
+# Every node passes a file on to at most this many others (a binary tree per file). 1 (a chain per file, the
+# seed sending each file once) was measured slower: same wall time at 4 nodes, 1.5x at 8 (the depth adds up per
+# file); docs/device-runs/2026-12-03-h200x1-stage-fanout-pinned.
+RELAY_FANOUT = 2
+
+
 @dataclass
 class SwarmConfig:
     me: str
@@ -64,13 +70,13 @@ class SwarmConfig:
     peer_wait: float = 3600.0
     peer_dead_after: float = 60.0
     finish_wait: float = 600.0
+    relay_fanout: int = RELAY_FANOUT
 
 
 def _refused(e: BaseException) -> bool:
     return isinstance(e, ConnectionRefusedError) or isinstance(getattr(e, "reason", None), ConnectionRefusedError)
 
 
-RELAY_FANOUT = 2  # every node passes a file on to at most this many others (a binary tree per file)
 STATUS_WAIT_S = 5.0  # one long poll of a peer's /status
 
 
@@ -152,7 +158,14 @@ class StatusBoard:
 
 
 def choose(
-    board: StatusBoard, rel: str, parent: str | None, owner: str | None, tried: set[str], *, dead_after: float
+    board: StatusBoard,
+    rel: str,
+    parent: str | None,
+    owner: str | None,
+    tried: set[str],
+    *,
+    dead_after: float,
+    fanout: int = RELAY_FANOUT,
 ) -> tuple[str | None, bool]:
     """The peer to take rel from next, and whether to wait for the board to change first (none has
     it yet, but one that will is alive). Peers in tried failed already. In order: the tree parent
@@ -164,7 +177,7 @@ def choose(
     busy = [h for h in board.writers(rel) if h not in tried]
     if parent and parent not in tried and (parent in have or parent in busy):
         return parent, False
-    spare = [h for h in have if h != owner and board.load(h) < RELAY_FANOUT]
+    spare = [h for h in have if h != owner and board.load(h) < fanout]
     if spare:
         return min(spare, key=board.load), False
     parent_alive = parent is not None and parent not in tried and not board.gone(parent, dead_after)
@@ -255,7 +268,9 @@ def _run_locked(req: StageRequest, cfg: SwarmConfig, mdir: str) -> dict[str, Any
         deadline = time.monotonic() + cfg.peer_wait
         with board.changed:
             while True:
-                h, wait = choose(board, rel, parent, owner, tried, dead_after=cfg.peer_dead_after)
+                h, wait = choose(
+                    board, rel, parent, owner, tried, dead_after=cfg.peer_dead_after, fanout=cfg.relay_fanout
+                )
                 if not wait or time.monotonic() >= deadline:
                     return h
                 board.wait(min(1.0, max(0.0, deadline - time.monotonic())))
@@ -265,7 +280,7 @@ def _run_locked(req: StageRequest, cfg: SwarmConfig, mdir: str) -> dict[str, Any
         if not peers or owner == cfg.me:
             yield local
             return
-        parent = relay_parent(rel, cfg.me, owner, hosts)
+        parent = relay_parent(rel, cfg.me, owner, hosts, cfg.relay_fanout)
         tried: set[str] = set()
         while (h := pick(rel, owner, parent, tried)) is not None:
             tried.add(h)

@@ -66,8 +66,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node(h: str, req_kw: dict, cfg_kw: dict, q: mp.Queue) -> None:
+def node(
+    h: str, req_kw: dict, cfg_kw: dict, q: mp.Queue, cpus: list[int] | None = None, tune: dict | None = None
+) -> None:
     try:
+        from llmfleet import peer, transfer
+
+        for k, v in (tune or {}).items():  # experiments: transfer.CHUNK, peer._TICK_S
+            setattr(transfer if k == "CHUNK" else peer, k, v)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
         r = swarm.run_node(stage.StageRequest(**req_kw), swarm.SwarmConfig(me=h, **cfg_kw))
         q.put((h, {k: r.get(k) for k in ("elapsed_s", "source_bytes_read", "peer_bytes_read", "served_bytes",
                                           "cpu_s", "source_fallback_files")}))  # fmt: skip
@@ -76,7 +84,9 @@ def node(h: str, req_kw: dict, cfg_kw: dict, q: mp.Queue) -> None:
 
 
 def world(base: Path, src: Path, manifest: dict, hosts: list[str], *, peers: bool, seeds: list[str],
-          threads: int) -> tuple[float, dict]:  # fmt: skip
+          threads: int, pin: int = 0, fanout: int = swarm.RELAY_FANOUT, tune: dict | None = None) -> tuple[float, dict]:  # fmt: skip
+    """One staging run of hosts; with pin, node i runs on CPUs [i*pin, (i+1)*pin) alone, the way a node of its own
+    has its own cores (its network work included: loopback's softirq runs on the sending and receiving CPUs)."""
     for h in hosts:
         shutil.rmtree(base / "roots" / h, ignore_errors=True)
     shutil.rmtree(base / "leases", ignore_errors=True)
@@ -85,13 +95,14 @@ def world(base: Path, src: Path, manifest: dict, hosts: list[str], *, peers: boo
     q: mp.Queue = mp.Queue()
     procs = []
     t0 = time.monotonic()
-    for h in hosts:
+    for i, h in enumerate(hosts):
         req_kw = {"root": str(base / "roots" / h), "model": "m", "revision": REV, "manifest": manifest,
                   "threads": threads}  # fmt: skip
         cfg_kw = {"source_dir": str(src), "lease_dir": str(base / "leases"), "max_source_readers": len(hosts),
                   "peers": urls, "seeds": seeds, "serve_bind": "127.0.0.1", "serve_port": ports[h] if peers else 0,
-                  "finish_wait": 600}  # fmt: skip
-        p = mp.Process(target=node, args=(h, req_kw, cfg_kw, q))
+                  "finish_wait": 600, "relay_fanout": fanout}  # fmt: skip
+        cpus = list(range(i * pin, (i + 1) * pin)) if pin else None
+        p = mp.Process(target=node, args=(h, req_kw, cfg_kw, q, cpus, tune))
         p.start()
         procs.append(p)
     res = dict(q.get(timeout=1800) for _ in hosts)
@@ -109,7 +120,17 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--base", type=Path)
+    ap.add_argument("--fanout", type=int, default=swarm.RELAY_FANOUT, help="relay tree fan-out (1: a chain per file)")
+    ap.add_argument("--chunk-mib", type=int, help="copy block (transfer.CHUNK) in MiB")
+    ap.add_argument("--tick-ms", type=float, help="a cut-through sender's look at a growing file (peer._TICK_S)")
+    ap.add_argument("--pin", action="store_true", help="give each node CPUs of its own (CPUs / nodes each)")
     a = ap.parse_args()
+    pin = (os.cpu_count() or 1) // a.nodes if a.pin else 0
+    tune = {}
+    if a.chunk_mib:
+        tune["CHUNK"] = a.chunk_mib * 1024 * 1024
+    if a.tick_ms is not None:
+        tune["_TICK_S"] = a.tick_ms / 1000
     need = a.gb * GiB * (a.nodes + 1) * 1.1
     base = a.base
     if base is None:
@@ -129,9 +150,15 @@ def main() -> int:
     hosts = [f"n{i + 1}" for i in range(a.nodes)]
     rows: dict[str, list] = {"one": [], "fan": [], "every": []}
     for _ in range(a.repeat):
-        rows["one"].append(world(base, src, manifest, hosts[:1], peers=False, seeds=[], threads=a.threads))
-        rows["fan"].append(world(base, src, manifest, hosts, peers=True, seeds=hosts[:1], threads=a.threads))
-        rows["every"].append(world(base, src, manifest, hosts, peers=False, seeds=[], threads=a.threads))
+        rows["one"].append(
+            world(base, src, manifest, hosts[:1], peers=False, seeds=[], threads=a.threads, pin=pin, tune=tune)
+        )
+        rows["fan"].append(
+            world(base, src, manifest, hosts, peers=True, seeds=hosts[:1], threads=a.threads, pin=pin, fanout=a.fanout)
+        )
+        rows["every"].append(
+            world(base, src, manifest, hosts, peers=False, seeds=[], threads=a.threads, pin=pin, tune=tune)
+        )
     shutil.rmtree(base, ignore_errors=True)
     one = min(w for w, _ in rows["one"])
 
@@ -139,7 +166,9 @@ def main() -> int:
         walls = [w for w, _ in rows[key]]
         best = min(rows[key], key=lambda x: x[0])[1]
         src_read = sum(r.get("source_bytes_read") or 0 for r in best.values())
-        cpu = ", ".join(f"{h} {r.get('cpu_s', 0):.1f}" for h, r in sorted(best.items()))
+        cpu = ", ".join(
+            f"{h} {r.get('cpu_s', 0):.1f} ({r.get('elapsed_s') or 0:.2f} s)" for h, r in sorted(best.items())
+        )
         errs = "; ".join(f"{h}: {r['error']}" for h, r in best.items() if "error" in r)
         return (f"| {label} | {min(walls):.2f} | {max(walls):.2f} | {min(walls) / one:.2f}x | {src_read / size:.2f}x "
                 f"| {cpu} | {errs or '-'} |")  # fmt: skip
@@ -148,12 +177,15 @@ def main() -> int:
     text = (
         f"Revision {size / GiB:.2f} GiB in {a.shards} files; {a.nodes} nodes as processes on one machine with "
         f"{os.cpu_count()} CPUs; roots and source under {base} ({'tmpfs' if str(base).startswith('/dev/shm') else 'disk'}); "
-        f"{a.threads} copy threads per node; manifest built in {build_s:.2f} s (not in the rows); {a.repeat} runs "
+        f"{a.threads} copy threads per node"
+        + (f", each node pinned to {pin} CPUs of its own" if pin else ", nodes not pinned (they share every CPU)")
+        + (f"; tuned: {tune}" if tune else "")
+        + f"; manifest built in {build_s:.2f} s (not in the rows); {a.repeat} runs "
         "each, interleaved.\n\n"
-        "| run | best wall s | worst wall s | x one node | source read (x revision) | CPU s per node | errors |\n"
+        "| run | best wall s | worst wall s | x one node | source read (x revision) | CPU s (own wall s) per node | errors |\n"
         "|---|---:|---:|---:|---:|---|---|\n"
         + line("one node alone", "one") + "\n"
-        + line(f"{a.nodes} nodes, 1 seed, relay tree + cut-through", "fan") + "\n"
+        + line(f"{a.nodes} nodes, 1 seed, relay tree (fan-out {a.fanout}) + cut-through", "fan") + "\n"
         + line(f"{a.nodes} nodes, each from the source", "every") + "\n\n"
         + "Bytes each node passed on (best fan-out run): "
         + ", ".join(f"{h} {b / GiB:.2f} GiB" for h, b in sorted(served.items())) + ".\n"
