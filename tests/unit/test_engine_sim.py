@@ -5,6 +5,7 @@ happened."""
 
 import contextlib
 import http.client
+import http.server
 import importlib.util
 import json
 import os
@@ -18,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from llmfleet import engine, wrapper
+from tests.helpers import burst
 from tests.helpers.ckpt import make_checkpoint
-from tests.lab.engine_sim import answers, checkpoint, faults
+from tests.lab.engine_sim import answers, api, checkpoint, faults
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "tests" / "lab" / "sim-bin"
@@ -172,6 +174,15 @@ def wait_healthy(port, nodes, timeout=60, path="/health"):
 )  # fmt: skip
 def test_deterministic_answers(text, answer):
     assert answers.answer_for(text) == answer
+
+
+def test_the_api_server_takes_a_burst_of_connections_like_uvicorn():
+    """A benchmark at concurrency 32 opens 32 connections at once; past socketserver's backlog of 5 each waited 1 s."""
+    server = api.Server(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # nothing accepts: only the backlog
+    try:
+        assert burst.completed(server.server_address[1], 64) == 64
+    finally:
+        server.server_close()
 
 
 def test_chat_generation_thinking_tools_and_length():

@@ -11,6 +11,7 @@ import pytest
 
 from llmfleet import checkpoint, peer, stage, store, swarm, transfer
 from llmfleet.manifest import build_manifest
+from tests.helpers import burst
 from tests.helpers.ckpt import make_checkpoint
 
 REV = "a" * 40
@@ -359,19 +360,6 @@ def test_a_burst_of_connections_is_not_dropped_while_the_server_is_busy(tmp_path
     state = peer.PeerState(str(tmp_path / "m"), "a" * 40, manifest, "n1")
     server = peer.make_server(state, "127.0.0.1", 0)  # not serving yet: nothing accepts, as while it is busy
     try:
-        port = server.server_address[1]
-        socks = []
-        for _ in range(40):
-            s = socket.socket()
-            s.setblocking(False)
-            s.connect_ex(("127.0.0.1", port))
-            socks.append(s)
-        import select
-
-        _, writable, _ = select.select([], socks, [], 0.5)  # a completed handshake makes the socket writable
-        done = [s for s in writable if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0]
-        assert len(done) == 40, f"{40 - len(done)} of 40 connections not completed in 0.5 s (listen backlog)"
+        assert burst.completed(server.server_address[1], 40) == 40, "connections past the listen backlog dropped"
     finally:
-        for s in socks:
-            s.close()
         server.server_close()

@@ -90,6 +90,12 @@ class EngineState:
             self.active -= 1
 
 
+class Server(ThreadingHTTPServer):
+    # uvicorn's default listen backlog (what vLLM's and SGLang's API servers run on). socketserver's 5 dropped the SYN
+    # of a benchmark's burst of connections past the fifth: each waited for the kernel's 1 s retransmit.
+    request_queue_size = 2048
+
+
 class Api:
     def __init__(self, cfg: dict[str, Any], rank: Rank):
         self.cfg, self.rank = cfg, rank
@@ -105,7 +111,7 @@ class Api:
         handler = type("Handler", (ApiHandler,), {"api": self})
         if self.flavour == "vllm":
             self.state.ready = True  # vLLM's API server starts after the engine is up
-        self.server = ThreadingHTTPServer((cfg["host"], cfg["http_port"]), handler)
+        self.server = Server((cfg["host"], cfg["http_port"]), handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
         shown = f"http://{cfg['shown_host']}:{cfg['http_port']}"
