@@ -292,7 +292,10 @@ def test_a_finished_jobs_result_is_read_from_its_file_without_a_module_run(monke
     # A failure also gets the error summary the module runner adds to every failed module result
     assert "exception" in res if res.get("failed") else "exception" not in res
     assert {k: v for k, v in res.items() if k != "exception"} == want
-    assert calls == [("cat", "cat -- /home/ops/.ansible_async/j1"), ("cat", "rm -f -- /home/ops/.ansible_async/j1 /home/ops/.ansible_async/j1.progress")]
+    assert calls == [
+        ("cat", "cat -- /home/ops/.ansible_async/j1"),
+        ("cat", "rm -f -- /home/ops/.ansible_async/j1 /home/ops/.ansible_async/j1.progress"),
+    ]
 
 
 @pytest.mark.parametrize("text", ['{"started": 1, "finished": 1}', "[1, 2]", "null"])
