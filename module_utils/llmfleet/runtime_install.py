@@ -7,43 +7,18 @@ from __future__ import annotations
 
 import grp
 import os
-import pwd
 import stat
 import subprocess
 import tarfile
 
-from .safefs import UnsafePathError, open_dir, rmtree_at, write_file
+from .nodefiles import Refused, ensure_dir, ensure_file
+from .safefs import UnsafePathError, open_dir, rmtree_at
 
 MARKER = ".archive-sha256"  # in the package directory: swapped in with it
 LEGACY_ARCHIVE = ".llmfleet-runtime.tar.gz"  # where the base role kept the archive before this module
 MIN_PYTHON = (3, 8)
 
 __all__ = ["MARKER", "Refused", "UnsafePathError", "run"]
-
-
-class Refused(Exception):
-    """A clear reason to stop, with what to do; nothing after it is changed."""
-
-
-def octal(mode: str, where: str) -> int:
-    try:
-        value = int(str(mode), 8)
-    except ValueError:
-        raise Refused(f"{where}: mode {mode!r} is not an octal mode such as '0755'") from None
-    if not 0 <= value <= 0o7777:
-        raise Refused(f"{where}: mode {mode!r} is out of range")
-    return value
-
-
-def ids(owner: str, group: str, check: bool, where: str) -> tuple[int, int] | None:
-    """(uid, gid), or None in check mode when they do not exist yet (the base role creates them first: in
-    check mode they were only predicted)."""
-    try:
-        return pwd.getpwnam(owner).pw_uid, grp.getgrnam(group).gr_gid
-    except KeyError:
-        if check:
-            return None
-        raise Refused(f"{where}: user {owner!r} or group {group!r} does not exist on this node") from None
 
 
 def python_version(python: str) -> str:
@@ -63,35 +38,6 @@ def python_version(python: str) -> str:
                       f"{cp.stderr.strip()}). Set base_python to a Python 3.8+ interpreter that exists on every "
                       "node")  # fmt: skip
     return version
-
-
-def ensure_dir(d: dict, check: bool) -> bool:
-    """Create the directory (parents 0755, root's) and give it its owner, group and mode; True if it changed."""
-    path, mode = d["path"], octal(d["mode"], d["path"])
-    if not os.path.isabs(path):
-        raise Refused(f"{path}: give an absolute path")
-    want = ids(d["owner"], d["group"], check, path)
-    try:
-        fd = open_dir(path)
-    except FileNotFoundError:
-        if check:
-            return True
-        fd = open_dir(path, create_mode=0o755)
-        if want:
-            os.fchown(fd, *want)
-        os.fchmod(fd, mode)  # after chown: chown clears set-id bits
-        os.close(fd)
-        return True
-    try:
-        st = os.fstat(fd)
-        changed = stat.S_IMODE(st.st_mode) != mode or (want is None or (st.st_uid, st.st_gid) != want)
-        if changed and not check:
-            if want:
-                os.fchown(fd, *want)
-            os.fchmod(fd, mode)  # after chown: chown clears set-id bits
-    finally:
-        os.close(fd)
-    return changed
 
 
 def ensure_metrics_dir(path: str, group: str, check: bool) -> bool:
@@ -118,23 +64,6 @@ def ensure_metrics_dir(path: str, group: str, check: bool) -> bool:
     finally:
         os.close(fd)
     return changed
-
-
-def ensure_file(f: dict, check: bool) -> bool:
-    path, data, mode = f["path"], f["content"].encode(), octal(f["mode"], f["path"])
-    try:
-        st = os.lstat(path)
-        with open(path, "rb") as cur:
-            same = stat.S_ISREG(st.st_mode) and cur.read() == data
-        # Owned by whoever runs the module (root, as the role runs it), as write_file would leave it.
-        same = same and stat.S_IMODE(st.st_mode) == mode and (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid())
-    except FileNotFoundError:
-        same = False
-    if same:
-        return False
-    if not check:
-        write_file(path, data, mode=mode)  # a temporary name beside it, renamed over: never through a link
-    return True
 
 
 def installed_sha(lib: str) -> str:
