@@ -1,5 +1,5 @@
 """Install the llmfleet node runtime on this node (the llmfleet_runtime module's work): directories, the metrics
-directory, small root-owned files and the package from its archive, swapped in whole and compiled.
+directory, small root-owned files and the package from its archive, compiled and swapped in whole.
 
 Stdlib only, Python >= 3.8 (runs on the nodes)."""
 
@@ -102,7 +102,7 @@ def extract(archive: str, dest: str) -> int:
 
 
 def install(lib: str, archive: str, sha: str, python: str) -> int:
-    """Extract beside the old package, record the sha256, swap in, compile. Returns the file count."""
+    """Extract beside the old package, compile it, record the sha256, swap it in. Returns the file count."""
     fd = open_dir(lib)
     try:
         st = os.fstat(fd)
@@ -122,6 +122,15 @@ def install(lib: str, archive: str, sha: str, python: str) -> int:
         n = extract(archive, new)
         if not os.path.isfile(os.path.join(new, "__init__.py")):
             raise Refused("the runtime archive holds no __init__.py: it is not the llmfleet package")
+        # Compiled before the swap, with the path it will have (-d: tracebacks name the installed file; a .pyc is
+        # checked against its source's mtime and size, not its path): a package that does not compile is never
+        # swapped in, and the recorded sha256 never claims one that did not.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}  # beside the package
+        cp = subprocess.run([python, "-m", "compileall", "-q", "-d", cur, new], capture_output=True, text=True,
+                            timeout=300, check=False, env=env)  # fmt: skip
+        if cp.returncode != 0:
+            raise Refused(f"{python} cannot compile the llmfleet package (nothing was installed, the old package "
+                          f"stays): {(cp.stdout + cp.stderr).strip()[-2000:]}")  # fmt: skip
         with open(os.path.join(new, MARKER), "w", encoding="ascii") as f:
             f.write(sha + "\n")
         os.chmod(os.path.join(new, MARKER), 0o644)
@@ -142,12 +151,6 @@ def install(lib: str, archive: str, sha: str, python: str) -> int:
             os.unlink(os.path.join(lib, LEGACY_ARCHIVE))
     finally:
         os.close(fd)
-    # Compiled where it stays (the code objects carry their path), as the service's Python will import it.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}  # beside the package, not elsewhere
-    cp = subprocess.run([python, "-m", "compileall", "-q", cur], capture_output=True, text=True, timeout=300,
-                        check=False, env=env)  # fmt: skip
-    if cp.returncode != 0:
-        raise Refused(f"{python} -m compileall {cur} failed: {(cp.stdout + cp.stderr).strip()[-2000:]}")
     return n
 
 

@@ -5,6 +5,7 @@ small files set; check mode changing nothing; bad Pythons, unsafe directories an
 import hashlib
 import importlib.util
 import io
+import marshal
 import os
 import stat
 import sys
@@ -77,7 +78,9 @@ def test_install_then_nothing_to_do(tmp_path):
     assert res["changed"] and res["installed"] and res["package_files"] == 2
     assert (lib / "llmfleet" / "old.py").read_text() == "o = 1\n"
     assert (lib / "llmfleet" / ".archive-sha256").read_text().strip() == hashlib.sha256(archive).hexdigest()
-    assert list((lib / "llmfleet" / "__pycache__").glob("old.*.pyc")), "compiled where it stays"
+    (pyc,) = (lib / "llmfleet" / "__pycache__").glob("old.*.pyc")
+    code = marshal.loads(pyc.read_bytes()[16:])  # noqa: S302 (the .pyc this test just had compiled)
+    assert code.co_filename == str(lib / "llmfleet" / "old.py"), "compiled with the path it is imported from"
     assert sorted(os.listdir(lib)) == ["llmfleet"]
     again = run(mod, args(tmp_path, archive))
     assert again["changed"] is False and again["installed"] is False and again["changed_paths"] == []
@@ -158,6 +161,18 @@ def test_a_tampered_archive_is_refused_and_the_old_package_stays(tmp_path):
     lib = tmp_path / "opt" / "lib"
     assert sorted(os.listdir(lib)) == ["llmfleet"] and (lib / "llmfleet" / "__init__.py").read_text() == "v = 1\n"
     assert not (tmp_path / "escaped.py").exists()
+
+
+def test_a_package_that_does_not_compile_is_not_installed_and_the_old_one_stays(tmp_path):
+    good, _ = action.pack(str(package(tmp_path / "pkg", {"__init__.py": "v = 1\n"})))
+    run(mod, args(tmp_path, good))
+    bad, _ = action.pack(str(package(tmp_path / "pkg2", {"__init__.py": "v = 2\n", "broken.py": "def (:\n"})))
+    res = fail(mod, args(tmp_path, bad))
+    assert "cannot compile the llmfleet package (nothing was installed, the old package stays)" in res["msg"]
+    assert "broken.py" in res["msg"]
+    lib = tmp_path / "opt" / "lib"
+    assert sorted(os.listdir(lib)) == ["llmfleet"] and (lib / "llmfleet" / "__init__.py").read_text() == "v = 1\n"
+    assert fail(mod, args(tmp_path, bad))["msg"] == res["msg"], "the next run tries again"
 
 
 def test_a_bad_mode_is_named(tmp_path):
