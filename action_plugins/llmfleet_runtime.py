@@ -1,13 +1,12 @@
-"""Action plugin: install the llmfleet node runtime with one module run per node when nothing changed, two and one
-transfer when the package did. The base role did this in about twenty tasks (a temporary directory, packing, copy,
-stat, extract, swap, two templates, directories one by one), each a module run on every node: 17 s of a lab run.
+"""Action plugin: install the llmfleet node runtime package with one module run per node when nothing changed, two and
+one transfer when the package did. The base role did this in about a dozen tasks (a temporary directory, packing, copy,
+stat, extract, swap, compile), each a module run on every node.
 
 The package is packed here, in the controller's process, into a deterministic archive; the module
 (library/llmfleet_runtime.py) compares its sha256 with the node's and asks for the archive only when they differ."""
 
 from __future__ import annotations
 
-import copy
 import gzip
 import hashlib
 import io
@@ -17,11 +16,6 @@ import tarfile
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-_DIR = {"path": {"type": "path", "required": True}, "owner": {"type": "str", "required": True},
-        "group": {"type": "str", "required": True}, "mode": {"type": "str", "required": True}}  # fmt: skip
-_FILE = {"path": {"type": "path", "required": True}, "content": {"type": "str", "required": True},
-         "mode": {"type": "str", "default": "0644"}}  # fmt: skip
-
 
 def argument_spec() -> dict:
     """The options (a fresh dict each call); tests compare them with the module's DOCUMENTATION."""
@@ -29,10 +23,8 @@ def argument_spec() -> dict:
         "src": {"type": "path", "required": True},
         "lib_dir": {"type": "path", "required": True},
         "python": {"type": "path", "required": True},
-        "directories": {"type": "list", "elements": "dict", "default": [], "options": copy.deepcopy(_DIR)},
         "metrics_dir": {"type": "path", "default": ""},
         "metrics_group": {"type": "str", "default": ""},
-        "files": {"type": "list", "elements": "dict", "default": [], "options": copy.deepcopy(_FILE)},
     }
 
 

@@ -9,17 +9,16 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: llmfleet_runtime
-short_description: Install the llmfleet node runtime (package, command, environment file, directories)
+short_description: Install the llmfleet node runtime package (sent only when the node's differs)
 description:
-  - One task for what the base role did in about twenty - each of them a module run on every node. In order, it
-    checks that I(python) is a Python 3.8 or newer; creates I(directories) (owner, group and mode set, a symlink
-    in their path refused unless only root could have made it); gives I(metrics_dir) to I(metrics_group) with mode
-    01775; writes I(files) (root-owned, atomically, only when their content or mode differ); and installs the
-    package from I(src).
+  - Checks that I(python) is a Python 3.8 or newer; gives I(metrics_dir) to I(metrics_group) with mode 01775; and
+    installs the llmfleet package from I(src) into I(lib_dir). Its directories, the C(llmfleet) command and
+    C(runtime.env) are written by M(llmfleet_files) (the base role runs both).
   - The package is packed on the ops host into a deterministic archive (sorted names, fixed times, root owners).
     Its sha256 is compared with the one recorded beside the package on the node; only when they differ is the
-    archive sent, extracted beside the old package, compiled with I(python) and swapped in (no file of a removed
-    module stays behind). An unchanged package costs one module run and no transfer.
+    archive sent, extracted beside the old package, compiled with I(python) (with the path it will have) and
+    swapped in (no file of a removed module stays behind, and a package that does not compile is never swapped
+    in). An unchanged package costs one module run and no transfer.
   - An action plugin (C(action_plugins/llmfleet_runtime.py)) with a module of the same name that runs on the node.
 options:
   src:
@@ -30,36 +29,14 @@ options:
     required: true
   lib_dir:
     description:
-      - Directory on the node the package goes into, as C(lib_dir/llmfleet); it must exist (list it in
-        I(directories)), be root-owned and writable by nobody else.
+      - Directory on the node the package goes into, as C(lib_dir/llmfleet); it must exist, be root-owned and
+        writable by nobody else.
     type: path
     required: true
   python:
     description: The node's Python that runs the package (3.8 or newer); it compiles the package.
     type: path
     required: true
-  directories:
-    description: Directories to create (with their parents) in this order, and the owner, group and mode to give them.
-    type: list
-    elements: dict
-    default: []
-    suboptions:
-      path:
-        description: Absolute path.
-        type: path
-        required: true
-      owner:
-        description: User name of the owner.
-        type: str
-        required: true
-      group:
-        description: Group name.
-        type: str
-        required: true
-      mode:
-        description: Octal mode, e.g. C("0750").
-        type: str
-        required: true
   metrics_dir:
     description:
       - node_exporter's textfile directory, which must already exist (its package makes it; a missing one is a typo
@@ -71,24 +48,6 @@ options:
     description: The group that may write into I(metrics_dir) (required with it).
     type: str
     default: ""
-  files:
-    description: Small root-owned files to write, such as the C(llmfleet) command and the runtime environment file.
-    type: list
-    elements: dict
-    default: []
-    suboptions:
-      path:
-        description: Absolute path; its directory must exist.
-        type: path
-        required: true
-      content:
-        description: The whole content.
-        type: str
-        required: true
-      mode:
-        description: Octal mode.
-        type: str
-        default: "0644"
 attributes:
   check_mode:
     description: Says what would change and changes nothing; the archive is not sent.
@@ -105,10 +64,6 @@ EXAMPLES = r"""
     src: "{{ playbook_dir }}/../module_utils/llmfleet"
     lib_dir: /opt/llmfleet/lib
     python: /usr/bin/python3
-    directories:
-      - {path: /opt/llmfleet/lib, owner: root, group: root, mode: "0755"}
-    files:
-      - {path: /etc/llmfleet/runtime.env, content: "PYTHONPATH=/opt/llmfleet/lib\n"}
 """
 
 RETURN = r"""
@@ -129,7 +84,7 @@ installed:
   returned: success
   type: bool
 changed_paths:
-  description: Directories and files that were created or changed (would be, in check mode).
+  description: The metrics directory and the package directory when they changed (would change, in check mode).
   returned: success
   type: list
   elements: str
@@ -144,17 +99,11 @@ def argument_spec() -> dict:
     return {
         "lib_dir": {"type": "path", "required": True},
         "python": {"type": "path", "required": True},
-        "directories": {"type": "list", "elements": "dict", "default": [], "options": {
-            "path": {"type": "path", "required": True}, "owner": {"type": "str", "required": True},
-            "group": {"type": "str", "required": True}, "mode": {"type": "str", "required": True}}},
         "metrics_dir": {"type": "path", "default": ""},
         "metrics_group": {"type": "str", "default": ""},
-        "files": {"type": "list", "elements": "dict", "default": [], "options": {
-            "path": {"type": "path", "required": True}, "content": {"type": "str", "required": True},
-            "mode": {"type": "str", "default": "0644"}}},
         "archive_sha256": {"type": "str", "required": True},
         "archive": {"type": "path", "default": ""},
-    }  # fmt: skip
+    }
 
 
 def build_module() -> AnsibleModule:

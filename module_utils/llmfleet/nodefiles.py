@@ -1,6 +1,6 @@
 """Directories and small files on a node, as root sets them: created or corrected (owner, group, mode, content),
 never through a symlink another user could have planted (safefs), with check mode and a diff of what a file's content
-would become. Used by the llmfleet_files and llmfleet_runtime modules.
+would become: the llmfleet_files module.
 
 Stdlib only, Python >= 3.8 (runs on the nodes)."""
 

@@ -1,5 +1,5 @@
-"""Install the llmfleet node runtime on this node (the llmfleet_runtime module's work): directories, the metrics
-directory, small root-owned files and the package from its archive, compiled and swapped in whole.
+"""Install the llmfleet node runtime on this node (the llmfleet_runtime module's work): the Python check, the metrics
+directory and the package from its archive, compiled and swapped in whole.
 
 Stdlib only, Python >= 3.8 (runs on the nodes)."""
 
@@ -11,7 +11,7 @@ import stat
 import subprocess
 import tarfile
 
-from .nodefiles import Refused, ensure_dir, ensure_file
+from .nodefiles import Refused
 from .safefs import UnsafePathError, open_dir, rmtree_at
 
 MARKER = ".archive-sha256"  # in the package directory: swapped in with it
@@ -157,14 +157,8 @@ def install(lib: str, archive: str, sha: str, python: str) -> int:
 def run(p: dict, check: bool) -> dict:
     version = python_version(p["python"])
     changed: list[str] = []
-    for d in p["directories"]:
-        if ensure_dir(d, check):
-            changed.append(d["path"])
     if p["metrics_dir"] and ensure_metrics_dir(p["metrics_dir"], p["metrics_group"], check):
         changed.append(p["metrics_dir"])
-    for f in p["files"]:
-        if ensure_file(f, check):
-            changed.append(f["path"])
     lib, sha = p["lib_dir"], p["archive_sha256"]
     current = installed_sha(lib) == sha and os.path.isfile(os.path.join(lib, "llmfleet", "__init__.py"))
     out = {"python_version": version, "sha256": sha, "installed": not current, "changed_paths": changed}

@@ -1,7 +1,8 @@
-"""llmfleet_runtime (action plugin + node module): the base role's install in one module run - the package packed the
-same way every time, sent only when the node's differs, swapped in whole; directories, the metrics directory and
-small files set; check mode changing nothing; bad Pythons, unsafe directories and tampered archives refused."""
+"""llmfleet_runtime (action plugin + node module): the runtime package packed the same way every time, sent only when
+the node's differs, compiled and swapped in whole; the metrics directory set; check mode changing nothing; bad
+Pythons, unsafe directories, packages that do not compile and tampered archives refused."""
 
+import grp
 import hashlib
 import importlib.util
 import io
@@ -26,8 +27,7 @@ _spec = importlib.util.spec_from_file_location("llmfleet_runtime_action", ACTION
 action = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(action)
 
-ME = SimpleNamespace(user=__import__("pwd").getpwuid(os.geteuid()).pw_name,
-                     group=__import__("grp").getgrgid(os.getegid()).gr_name)  # fmt: skip
+GROUP = grp.getgrgid(os.getegid()).gr_name
 
 
 def package(d: Path, files: dict[str, str]) -> Path:
@@ -37,13 +37,11 @@ def package(d: Path, files: dict[str, str]) -> Path:
     return d
 
 
-def args(tmp: Path, archive: bytes | None = None, **kw) -> dict:
+def args(tmp: Path, archive: bytes | None = None, lib_mode: int = 0o755, **kw) -> dict:
     lib = tmp / "opt" / "lib"
-    a = {"lib_dir": str(lib), "python": sys.executable, "archive_sha256": hashlib.sha256(archive or b"").hexdigest(),
-         "directories": [{"path": str(tmp / "opt"), "owner": ME.user, "group": ME.group, "mode": "0755"},
-                         {"path": str(lib), "owner": ME.user, "group": ME.group, "mode": "0755"},
-                         {"path": str(tmp / "var" / "log"), "owner": ME.user, "group": ME.group, "mode": "0750"}],
-         "files": [{"path": str(tmp / "opt" / "llmfleet"), "content": "#!/bin/sh\n", "mode": "0755"}]}  # fmt: skip
+    lib.mkdir(parents=True, exist_ok=True)  # llmfleet_files makes it in the base role
+    os.chmod(lib, lib_mode)
+    a = {"lib_dir": str(lib), "python": sys.executable, "archive_sha256": hashlib.sha256(archive or b"").hexdigest()}
     if archive is not None:
         (tmp / "archive.tar.gz").write_bytes(archive)
         a["archive"] = str(tmp / "archive.tar.gz")
@@ -71,9 +69,8 @@ def test_install_then_nothing_to_do(tmp_path):
     archive, _ = action.pack(str(package(tmp_path / "pkg", {"__init__.py": "v = 1\n", "old.py": "o = 1\n"})))
     first = run(mod, args(tmp_path, archive=None, archive_sha256=hashlib.sha256(archive).hexdigest()))
     assert first["needs_archive"] is True and first["installed"] is True  # the action sends it and runs again
+    assert first["changed_paths"] == []
     lib = tmp_path / "opt" / "lib"
-    assert stat.S_IMODE(os.stat(tmp_path / "var" / "log").st_mode) == 0o750
-    assert (tmp_path / "opt" / "llmfleet").read_text() == "#!/bin/sh\n"
     res = run(mod, args(tmp_path, archive))
     assert res["changed"] and res["installed"] and res["package_files"] == 2
     assert (lib / "llmfleet" / "old.py").read_text() == "o = 1\n"
@@ -97,53 +94,31 @@ def test_check_mode_says_what_would_change_and_changes_nothing(tmp_path):
     archive, _ = action.pack(str(package(tmp_path / "pkg", {"__init__.py": ""})))
     res = run(mod, args(tmp_path, archive), check=True)
     assert res["changed"] and res["installed"]
-    assert str(tmp_path / "opt" / "lib" / "llmfleet") in res["changed_paths"]
-    assert sorted(os.listdir(tmp_path)) == ["archive.tar.gz", "pkg"]
-
-
-def test_a_changed_file_mode_or_directory_mode_is_set_back(tmp_path):
-    archive, _ = action.pack(str(package(tmp_path / "pkg", {"__init__.py": ""})))
-    run(mod, args(tmp_path, archive))
-    os.chmod(tmp_path / "var" / "log", 0o777)
-    (tmp_path / "opt" / "llmfleet").write_text("changed\n")
-    res = run(mod, args(tmp_path, archive))
-    assert res["changed_paths"] == [str(tmp_path / "var" / "log"), str(tmp_path / "opt" / "llmfleet")]
-    assert stat.S_IMODE(os.stat(tmp_path / "var" / "log").st_mode) == 0o750
-    assert (tmp_path / "opt" / "llmfleet").read_text() == "#!/bin/sh\n"
-
-
-def test_a_link_at_a_file_path_is_replaced_not_followed(tmp_path):
-    target = tmp_path / "victim"
-    target.write_text("keep\n")
-    (tmp_path / "opt").mkdir()
-    (tmp_path / "opt" / "llmfleet").symlink_to(target)
-    archive, _ = action.pack(str(package(tmp_path / "pkg", {"__init__.py": ""})))
-    run(mod, args(tmp_path, archive))
-    assert target.read_text() == "keep\n" and not (tmp_path / "opt" / "llmfleet").is_symlink()
+    assert res["changed_paths"] == [str(tmp_path / "opt" / "lib" / "llmfleet")]
+    assert os.listdir(tmp_path / "opt" / "lib") == []
 
 
 @pytest.mark.parametrize("python", ["/nonexistent/python3", "/bin/false"])
 def test_an_unusable_python_is_named_before_anything_changes(tmp_path, python):
-    res = fail(mod, args(tmp_path, python=python))
+    archive, _ = action.pack(str(package(tmp_path / "pkg", {"__init__.py": ""})))
+    res = fail(mod, args(tmp_path, archive, python=python))
     assert f"{python} is not a usable Python >= 3.8" in res["msg"] and "Set base_python" in res["msg"]
-    assert not (tmp_path / "opt").exists()
+    assert os.listdir(tmp_path / "opt" / "lib") == []
 
 
 def test_metrics_dir_must_exist_and_gets_the_group_and_sticky_mode(tmp_path):
-    res = fail(mod, args(tmp_path, metrics_dir=str(tmp_path / "textfile"), metrics_group=ME.group))
+    res = fail(mod, args(tmp_path, metrics_dir=str(tmp_path / "textfile"), metrics_group=GROUP))
     assert f"llmfleet_metrics_dir {tmp_path / 'textfile'} is not a directory. Install node_exporter" in res["msg"]
     (tmp_path / "textfile").mkdir(mode=0o755)
     archive, _ = action.pack(str(package(tmp_path / "pkg", {"__init__.py": ""})))
-    res = run(mod, args(tmp_path, archive, metrics_dir=str(tmp_path / "textfile"), metrics_group=ME.group))
+    res = run(mod, args(tmp_path, archive, metrics_dir=str(tmp_path / "textfile"), metrics_group=GROUP))
     assert str(tmp_path / "textfile") in res["changed_paths"]
     assert stat.S_IMODE(os.stat(tmp_path / "textfile").st_mode) == 0o1775
 
 
 def test_a_lib_dir_others_can_write_is_refused(tmp_path):
     archive, _ = action.pack(str(package(tmp_path / "pkg", {"__init__.py": ""})))
-    a = args(tmp_path, archive, directories=[{"path": str(tmp_path / "opt" / "lib"), "owner": ME.user,
-                                              "group": ME.group, "mode": "0777"}])  # fmt: skip
-    res = fail(mod, a)
+    res = fail(mod, args(tmp_path, archive, lib_mode=0o777))
     assert "must be root-owned and writable by nobody else" in res["msg"]
     assert not (tmp_path / "opt" / "lib" / "llmfleet").exists()
 
@@ -173,12 +148,6 @@ def test_a_package_that_does_not_compile_is_not_installed_and_the_old_one_stays(
     lib = tmp_path / "opt" / "lib"
     assert sorted(os.listdir(lib)) == ["llmfleet"] and (lib / "llmfleet" / "__init__.py").read_text() == "v = 1\n"
     assert fail(mod, args(tmp_path, bad))["msg"] == res["msg"], "the next run tries again"
-
-
-def test_a_bad_mode_is_named(tmp_path):
-    a = args(tmp_path)
-    a["directories"][0]["mode"] = "rwxr-xr-x"
-    assert "mode 'rwxr-xr-x' is not an octal mode" in fail(mod, a)["msg"]
 
 
 def node_call(module_args: dict, check: bool = False) -> dict:
@@ -235,7 +204,7 @@ def test_the_action_sends_the_archive_only_when_the_node_needs_it(tmp_path, monk
     res = act()
     assert res["changed"] and res["installed"] and res["package_files"] == 1 and len(sent) == 1
     assert "archive" in calls[1] and "archive" not in calls[0] and "src" not in calls[0]
-    assert str(tmp_path / "var" / "log") in res["changed_paths"] and not remote.exists()
+    assert res["changed_paths"] == [str(tmp_path / "opt" / "lib" / "llmfleet")] and not remote.exists()
     calls.clear()
     res = act()
     assert res["changed"] is False and len(calls) == 1 and len(sent) == 1, "unchanged: one module run, no transfer"
