@@ -47,19 +47,14 @@ def ensure_dir(d: dict, check: bool) -> bool:
         raise Refused(f"{path}: give an absolute path")
     want = ids(d["owner"], d["group"], check, path)
     try:
-        fd = open_dir(path)
+        fd, created = open_dir(path), False
     except FileNotFoundError:
         if check:
             return True
-        fd = open_dir(path, create_mode=0o755)
-        if want:
-            os.fchown(fd, *want)
-        os.fchmod(fd, mode)  # after chown: chown clears set-id bits
-        os.close(fd)
-        return True
+        fd, created = open_dir(path, create_mode=0o755), True
     try:
         st = os.fstat(fd)
-        changed = stat.S_IMODE(st.st_mode) != mode or (want is None or (st.st_uid, st.st_gid) != want)
+        changed = created or stat.S_IMODE(st.st_mode) != mode or want is None or (st.st_uid, st.st_gid) != want
         if changed and not check:
             if want:
                 os.fchown(fd, *want)

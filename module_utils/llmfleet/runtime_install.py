@@ -101,20 +101,27 @@ def extract(archive: str, dest: str) -> int:
     return n
 
 
+def _remove(lib: str, *names: str) -> None:
+    """Remove entries of lib (a tree, a file or a link; never what a link points to)."""
+    fd = open_dir(lib)
+    try:
+        for name in names:
+            rmtree_at(fd, name)
+    finally:
+        os.close(fd)
+
+
 def install(lib: str, archive: str, sha: str, python: str) -> int:
     """Extract beside the old package, compile it, record the sha256, swap it in. Returns the file count."""
     fd = open_dir(lib)
     try:
         st = os.fstat(fd)
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-            raise Refused(
-                f"lib_dir {lib} must be root-owned and writable by nobody else: root installs code there. "
-                "List it in directories with owner root and mode 0755"
-            )
-        for name in ("llmfleet.new", "llmfleet.old"):
-            rmtree_at(fd, name)
     finally:
         os.close(fd)
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        raise Refused(f"lib_dir {lib} must be root-owned and writable by nobody else: root installs code there "
+                      "(the base role's llmfleet_files task makes it root's, mode 0755)")  # fmt: skip
+    _remove(lib, "llmfleet.new", "llmfleet.old")
     cur, new, old = (os.path.join(lib, n) for n in ("llmfleet", "llmfleet.new", "llmfleet.old"))
     os.mkdir(new, 0o755)
     os.chmod(new, 0o755)  # noqa: S103 (every user's Python imports the package; nothing secret)
@@ -135,22 +142,12 @@ def install(lib: str, archive: str, sha: str, python: str) -> int:
             f.write(sha + "\n")
         os.chmod(os.path.join(new, MARKER), 0o644)
     except BaseException:
-        fd = open_dir(lib)
-        try:
-            rmtree_at(fd, "llmfleet.new")
-        finally:
-            os.close(fd)
+        _remove(lib, "llmfleet.new")
         raise
     if os.path.lexists(cur):
         os.rename(cur, old)
     os.rename(new, cur)
-    fd = open_dir(lib)
-    try:
-        rmtree_at(fd, "llmfleet.old")
-        if os.path.lexists(os.path.join(lib, LEGACY_ARCHIVE)):
-            os.unlink(os.path.join(lib, LEGACY_ARCHIVE))
-    finally:
-        os.close(fd)
+    _remove(lib, "llmfleet.old", LEGACY_ARCHIVE)
     return n
 
 
