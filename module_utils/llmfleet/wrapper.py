@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 
+from .fabric_key import FabricKeyError, parse_key
 from .logobserver import (
     DEFAULT_READY_REGEX,
     ERROR_PATTERN,
@@ -123,6 +124,7 @@ class Wrapper:
         self.ended_at: float | None = None
         self.link: DeploymentLink | None = None
         self.link_stop: dict | None = None  # the link's stop event, when the link (not systemd) stopped the engine
+        self.link_key = b""
 
     # ---- setup
 
@@ -130,6 +132,13 @@ class Wrapper:
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)  # the wrapper owns the notify protocol: an engine's READY=1 would lie
         self.secrets.load(self.args.secret_env or [], self.args.secret_config or [], env, self.argv)
+        if self.args.link_key:  # the deployment's fabric key: the link's proof, never the engine's
+            value = read_credential(self.args.link_key)
+            self.redact.add(value)
+            try:
+                self.link_key = parse_key(value, f"credential {self.args.link_key!r}")
+            except FabricKeyError as e:
+                raise SetupError(str(e)) from None
         return env
 
     def _setup(self) -> dict[str, str]:
@@ -205,6 +214,7 @@ class Wrapper:
             listen=parse_addr(a.link_listen) if a.link_listen else None,
             head=parse_addr(a.link_head) if a.link_head else None,
             timeout=a.link_timeout,
+            key=self.link_key,
             on_stop=self._on_link_stop,
             log=err,
         )
@@ -413,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "other nodes' wrappers here (the deployment link, docs/wrapper.md)")  # fmt: skip
     ap.add_argument("--link-head", metavar="HOST:PORT", help="a worker: join the head's wrapper there before starting "
                     "the engine; stop when any node fails or is stopped")  # fmt: skip
+    ap.add_argument("--link-key", metavar="CRED", help="the deployment's fabric key, $CREDENTIALS_DIRECTORY/CRED "
+                    "(LoadCredential=): nodes prove it on the link (needed by --link-listen/--link-head)")  # fmt: skip
     ap.add_argument("--link-node", default=os.uname().nodename, metavar="NAME", help="this node's name on the link")
     ap.add_argument("--link-timeout", type=float, default=5.0, metavar="SEC", help="a peer with no heartbeat this "
                     "long has failed (default 5)")  # fmt: skip
@@ -432,6 +444,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _link_problem(args: argparse.Namespace) -> str | None:
     if args.link_listen and args.link_head:
         return "--link-listen (the head) and --link-head (a worker) exclude each other"
+    if (args.link_listen or args.link_head) and not args.link_key:
+        return (
+            "--link-listen/--link-head need --link-key CRED: the deployment's fabric key as a credential "
+            "(LoadCredential=CRED:/etc/llmfleet/credentials/<deployment>.fabric-key), so strangers cannot join"
+        )
+    if args.link_key and not re.fullmatch(r"[A-Za-z0-9_.@-]+", args.link_key):
+        return f"--link-key {args.link_key!r}: a credential name (no '/')"
     if args.link_timeout <= 0 or args.link_wait <= 0 or args.link_stop_timeout <= 0:
         return "--link-timeout, --link-wait and --link-stop-timeout must be > 0"
     for flag, value in (("--link-listen", args.link_listen), ("--link-head", args.link_head)):

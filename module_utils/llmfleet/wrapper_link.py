@@ -11,7 +11,15 @@ wrapper welcomes them (rank order: head first). A node that vanishes (SIGKILLed 
 counts as failed after ``timeout`` seconds without a heartbeat. A stop on request anywhere stops every
 node with exit 0 (stopping one node of a TP x PP world stops the deployment; nothing restarts).
 
-Protocol (one line each, ASCII): worker -> head ``HELLO <node>``, head -> worker ``WELCOME`` or ``BUSY``
+Only the deployment's nodes take part: each wrapper holds the deployment's fabric key (a root-only credential,
+fabric_key.py). A connection starts with a challenge-response both ways: worker -> head ``HELLO <node>
+<worker-nonce>``, head -> worker ``CHALLENGE <head-nonce> <head-proof>`` (an HMAC of the key over the node and
+both nonces: the worker knows it talks to the real head), worker -> head ``AUTH <worker-proof>``. A peer that
+fails it is refused and logged, never acted on: its connection does not count as a node lost. Every later line
+carries a tag (HMAC under a key of this connection, over its direction and sequence number): a line injected
+into the stream or replayed ends the connection like a lost peer instead of being obeyed.
+
+Protocol after that (one line each, ASCII, each followed by its tag): head -> worker ``WELCOME`` or ``BUSY``
 (the head is stopping: try again), both ways ``PING``, worker -> head ``FAIL <node> <reason>`` or
 ``BYE <node> <reason>``, head -> worker ``STOPPING <node> <reason>`` (notice: the head was asked to stop and
 winds its engine down first, its workers' ranks still up) and ``STOP <failed|requested> <node> <reason>``.
@@ -26,6 +34,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from . import fabric_key as fk
 
 # EX_TEMPFAIL: stopped because a peer failed; Restart=on-failure restarts the node with the others.
 EXIT_PEER_FAILED = 75
@@ -54,11 +64,22 @@ class _Conn:
         self.buf = b""
         self.send_lock = threading.Lock()
         self.closed = False
+        # After the handshake: this connection's key, who this end is ("h"/"w") and each direction's next number.
+        self.session: bytes | None = None
+        self.me = self.other = ""
+        self.sent = self.received = 0
+        self.forged = False  # a line whose tag did not match ended the connection
+
+    def authenticated(self, session: bytes, me: str) -> None:
+        self.session, self.me, self.other = session, me, "w" if me == "h" else "h"
 
     def send(self, line: str) -> bool:
         with self.send_lock:
             if self.closed:
                 return False
+            if self.session is not None:
+                line = f"{line} {fk.line_tag(self.session, self.me, self.sent, line)}"
+                self.sent += 1
             try:
                 self.sock.sendall((line + "\n").encode("ascii", "replace"))
                 return True
@@ -78,7 +99,15 @@ class _Conn:
             if len(self.buf) > MAX_LINE and b"\n" not in self.buf:
                 return None
         line, self.buf = self.buf.split(b"\n", 1)
-        return line.decode("ascii", "replace").strip()
+        text = line.decode("ascii", "replace").strip()
+        if self.session is None:
+            return text
+        body, _, tag = text.rpartition(" ")
+        if not fk.same(tag, fk.line_tag(self.session, self.other, self.received, body)):
+            self.forged = True
+            return None
+        self.received += 1
+        return body
 
     def close(self) -> None:
         with self.send_lock:
@@ -101,11 +130,18 @@ class DeploymentLink:
         listen: tuple[str, int] | None = None,
         head: tuple[str, int] | None = None,
         timeout: float = 5.0,
+        key: bytes,
         on_stop: Callable[[str, dict[str, Any]], None],
         log: Callable[[str], None],
     ) -> None:
         if (listen is None) == (head is None):
             raise ValueError("a link end is either the head (listen) or a worker (head)")
+        if not key:
+            raise ValueError("the deployment link needs the deployment's fabric key")
+        if not fk.is_token(node):
+            raise ValueError(f"link node name {node!r}: letters, digits and _.@:- only")
+        self.key = key
+        self.refused = 0  # connections that failed the handshake (strangers, another deployment's key)
         self.node = node
         self.listen_addr, self.head_addr = listen, head
         self.timeout = timeout
@@ -146,18 +182,41 @@ class DeploymentLink:
             try:
                 sock = socket.create_connection((host, port), timeout=min(self.timeout, 5.0))
                 conn = _Conn(sock, self.timeout)
-                conn.send(f"HELLO {self.node}")
-                answer = conn.readline()
+                problem = self._worker_handshake(conn)
+                answer = None if problem else conn.readline()
                 if answer == "WELCOME":
                     self.log(f"link: joined the head's wrapper at {host}:{port}")
                     return conn
                 conn.close()
-                last = "the head's wrapper is stopping" if answer == "BUSY" else f"unexpected answer {answer!r}"
+                if problem:
+                    last = problem
+                    self.log(f"link: {host}:{port}: {problem}")
+                elif answer == "BUSY":
+                    last = "the head's wrapper is stopping"
+                else:
+                    last = f"unexpected answer {answer!r}"
             except OSError as e:
                 last = e.strerror or str(e)
             if time.monotonic() >= deadline:
                 raise OSError(f"the head's wrapper at {host}:{port} did not welcome this node: {last}")
             time.sleep(1.0)
+
+    def _worker_handshake(self, conn: _Conn) -> str | None:
+        """Prove the key to the head and make it prove it first; the problem, or None (conn is authenticated)."""
+        mine = fk.nonce()
+        conn.send(f"HELLO {self.node} {mine}")
+        words = (conn.readline() or "").split(" ")
+        if len(words) != 3 or words[0] != "CHALLENGE" or not fk.is_nonce(words[1]):
+            return f"no challenge from the head's wrapper (got {' '.join(words)[:60]!r}): an older llmfleet there?"
+        theirs, proof = words[1], words[2]
+        if not fk.same(proof, fk.head_proof(self.key, self.node, mine, theirs)):
+            return (
+                "the listener did not prove the deployment's fabric key: not this deployment's head (another "
+                "deployment's, or a stranger on the fabric), or the key differs (rerun the play on every node)"
+            )
+        conn.send(f"AUTH {fk.worker_proof(self.key, self.node, mine, theirs)}")
+        conn.authenticated(fk.session_key(self.key, self.node, mine, theirs), "w")
+        return None
 
     def _thread(self, fn: Callable[..., None], *args: Any) -> None:
         threading.Thread(target=fn, args=args, daemon=True).start()
@@ -167,17 +226,34 @@ class DeploymentLink:
     def _accept_loop(self) -> None:
         while not self.done.is_set():
             try:
-                sock, _ = self.server.accept()
+                sock, addr = self.server.accept()
             except socket.timeout:  # noqa: UP041 (an alias of TimeoutError only from 3.10; nodes may run 3.8)
                 continue
             except OSError:
                 return
-            self._thread(self._head_reader, _Conn(sock, self.timeout))
+            self._thread(self._head_reader, _Conn(sock, self.timeout), f"{addr[0]}:{addr[1]}")
 
-    def _head_reader(self, conn: _Conn) -> None:
-        hello = conn.readline() or ""
-        word, _, name = hello.partition(" ")
-        if word != "HELLO" or not name:
+    def _head_handshake(self, conn: _Conn) -> tuple[str | None, str]:
+        """(the node that proved the key, "") or (None, why it was refused)."""
+        words = (conn.readline() or "").split(" ")
+        if len(words) != 3 or words[0] != "HELLO" or not fk.is_token(words[1]) or not fk.is_nonce(words[2]):
+            return None, f"no valid HELLO (got {' '.join(words)[:60]!r})"
+        name, theirs, mine = words[1], words[2], fk.nonce()
+        conn.send(f"CHALLENGE {mine} {fk.head_proof(self.key, name, theirs, mine)}")
+        words = (conn.readline() or "").split(" ")
+        if len(words) != 2 or words[0] != "AUTH":
+            return None, f"{name!r} did not answer the challenge"
+        if not fk.same(words[1], fk.worker_proof(self.key, name, theirs, mine)):
+            return None, f"{name!r} did not prove the deployment's fabric key (a stranger, or another deployment's key)"
+        conn.authenticated(fk.session_key(self.key, name, theirs, mine), "h")
+        return name, ""
+
+    def _head_reader(self, conn: _Conn, peer: str) -> None:
+        name, why = self._head_handshake(conn)
+        if name is None:  # never acted on: not a peer, so its connection is nobody's loss either
+            with self.lock:
+                self.refused += 1
+            self.log(f"link: refused a connection from {peer}: {why}")
             conn.close()
             return
         with self.lock:
@@ -199,8 +275,9 @@ class DeploymentLink:
                 with self.lock:
                     current = self.peers.get(name) is conn
                 if current and not conn.closed:
-                    self._head_stop("failed", name, f"lost contact with {name}'s wrapper (connection closed or no "
-                                                     f"heartbeat for {self.timeout:g} s)")  # fmt: skip
+                    why = ("a line that failed its authentication: injected on the way?" if conn.forged
+                           else f"connection closed or no heartbeat for {self.timeout:g} s")  # fmt: skip
+                    self._head_stop("failed", name, f"lost contact with {name}'s wrapper ({why})")
                 return
             word, _, rest = line.partition(" ")
             if word in ("FAIL", "BYE"):
@@ -232,7 +309,8 @@ class DeploymentLink:
             if line is None:
                 if not self.stopping:
                     host, port = self.head_addr
-                    why = f"connection closed or no heartbeat for {self.timeout:g} s"
+                    why = ("a line that failed its authentication: injected on the way?" if conn.forged
+                           else f"connection closed or no heartbeat for {self.timeout:g} s")  # fmt: skip
                     lost = f"lost contact with the head's wrapper at {host}:{port}: {why}"
                     self._worker_stop("failed", "head", lost)
                 return

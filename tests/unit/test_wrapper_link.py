@@ -4,6 +4,7 @@ peer died, never exit by themselves. Every wait has a deadline."""
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -32,12 +33,21 @@ def env():
     return {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "INVOCATION_ID", "LLMFLEET_CGROUP_ROOT")}
 
 
+KEY = "k" * 8 + secrets.token_hex(24)  # the deployment's fabric key (a credential, as the unit hands it over)
+
+
 class Node:
-    def __init__(self, tmp_path, name, link, cmd=ENGINE):
+    def __init__(self, tmp_path, name, link, cmd=ENGINE, key=KEY, creds=None):
         self.name, self.record = name, tmp_path / f"{name}.json"
         self.log = (tmp_path / f"{name}.log").open("w+")
-        argv = [*WRAP, "--record", str(self.record), "--link-node", name, "--link-timeout", "2", *link, "--", *cmd]
-        self.p = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env())
+        cdir = tmp_path / f"creds-{name}"
+        cdir.mkdir(exist_ok=True)
+        for cred, value in {"fabric-key": key, **(creds or {})}.items():
+            (cdir / cred).write_text(value)
+        argv = [*WRAP, "--record", str(self.record), "--link-node", name, "--link-timeout", "2", "--link-key",
+                "fabric-key", *link, "--", *cmd]  # fmt: skip
+        e = {**env(), "CREDENTIALS_DIRECTORY": str(cdir)}
+        self.p = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=e)
 
     def output(self):
         self.log.flush()
@@ -175,7 +185,12 @@ def test_a_worker_with_no_head_gives_up_at_its_deadline_without_starting_the_eng
 )
 def test_bad_link_flags_are_usage_errors(flags, message):
     cp = subprocess.run(
-        [*WRAP, *flags, "--", "true"], capture_output=True, text=True, timeout=WAIT, env=env(), check=False
+        [*WRAP, "--link-key", "fabric-key", *flags, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        env=env(),
+        check=False,
     )
     assert cp.returncode == 2 and message in cp.stderr, cp.stderr
 
@@ -269,20 +284,14 @@ def test_the_failed_nodes_error_line_reaches_the_head_as_text_and_redacted(tmp_p
     """The FAIL message carried the first-error dict's repr, and an engine's error line unredacted into the head's
     journal and record."""
     addr = f"127.0.0.1:{free_port()}"
-    cred = tmp_path / "creds"
-    cred.mkdir()
-    (cred / "api-key").write_text("sk-link-secret-0123456789")
     failing = [PY, "-c", "import os, sys, time\nprint('engine pid', os.getpid(), flush=True)\ntime.sleep(1)\n"
                "print('RuntimeError: boom with key ' + os.environ['VLLM_API_KEY'], flush=True)\nsys.exit(3)"]  # fmt: skip
     head = Node(tmp_path, "head", ["--link-listen", addr])
     worker = None
     try:
         head.engine_pid()
-        os.environ["CREDENTIALS_DIRECTORY"] = str(cred)
-        try:
-            worker = Node(tmp_path, "w1", ["--link-head", addr, "--secret-env", "VLLM_API_KEY=api-key"], failing)
-        finally:
-            del os.environ["CREDENTIALS_DIRECTORY"]
+        worker = Node(tmp_path, "w1", ["--link-head", addr, "--secret-env", "VLLM_API_KEY=api-key"], failing,
+                      creds={"api-key": "sk-link-secret-0123456789"})  # fmt: skip
         assert worker.wait() == 3 and head.wait() == EXIT_PEER_FAILED
         reason = head.rec()["link"]["stopped_by"]["reason"]
         assert reason.startswith("exit-code, exit 3: RuntimeError: boom with key ") and "{" not in reason, reason
@@ -291,3 +300,162 @@ def test_the_failed_nodes_error_line_reaches_the_head_as_text_and_redacted(tmp_p
         head.kill()
         if worker:
             worker.kill()
+
+
+# ---- only the deployment's nodes take part (the fabric key)
+
+
+def raw(addr, *lines, read=True):
+    """A TCP peer on the fabric that is not a wrapper: sends lines, returns what it got back (up to 1 s of it)."""
+    host, port = parse_addr(addr)
+    with socket.create_connection((host, port), timeout=5) as s:
+        for line in lines:
+            s.sendall((line + "\n").encode())
+        if not read:
+            return ""
+        s.settimeout(1)
+        got = b""
+        try:
+            while chunk := s.recv(4096):
+                got += chunk
+        except OSError:
+            pass
+        return got.decode()
+
+
+def stays_up(node, seconds=2.5):
+    time.sleep(seconds)
+    assert node.p.poll() is None, node.output()
+
+
+def test_a_strangers_bye_and_fail_do_not_stop_or_restart_the_head(tmp_path):
+    """Before the key, one `HELLO x` + `BYE head ...` from any host on the fabric stopped the head (exit 0,
+    nothing restarts, the record blaming a node), `FAIL` or a dropped connection restarted the deployment."""
+    addr = f"127.0.0.1:{free_port()}"
+    head = Node(tmp_path, "head", ["--link-listen", addr])
+    try:
+        pid = head.engine_pid()
+        raw(addr, "HELLO w1", "BYE w1 stop requested (SIGTERM)")
+        raw(addr, f"HELLO w2 {secrets.token_hex(16)}", "FAIL w2 exit 1")
+        raw(addr, f"HELLO w3 {secrets.token_hex(16)}", read=False)  # then gone: no node lost
+        raw(addr, "STOP requested w1 x")
+        stays_up(head)
+        os.kill(pid, 0)  # the engine too
+        out = head.output()
+        assert out.count("link: refused a connection from 127.0.0.1:") == 4, out
+        assert "did not answer the challenge" in out and "no valid HELLO" in out
+    finally:
+        head.kill()
+
+
+def test_a_worker_with_another_key_is_refused_and_the_head_stays_up(tmp_path):
+    addr = f"127.0.0.1:{free_port()}"
+    head = Node(tmp_path, "head", ["--link-listen", addr])
+    worker = None
+    try:
+        head.engine_pid()
+        worker = Node(tmp_path, "w1", ["--link-head", addr, "--link-wait", "2"], key="x" * 48)
+        assert worker.wait() == EXIT_PEER_FAILED
+        assert "engine pid" not in worker.output()
+        assert "did not prove the deployment's fabric key" in worker.rec()["reason"], worker.rec()["reason"]
+        stays_up(head, 0.5)
+    finally:
+        head.kill()
+        if worker:
+            worker.kill()
+
+
+@pytest.mark.parametrize(
+    ("says", "logged"),
+    [
+        ("", "no challenge from the head's wrapper"),
+        (f"CHALLENGE {secrets.token_hex(16)} {'0' * 64}\n", "the listener did not prove the deployment's fabric key"),
+    ],
+    ids=["no-challenge", "forged-proof"],
+)
+def test_a_fake_head_cannot_start_or_stop_a_worker(tmp_path, says, logged):
+    """The worker checks the head's proof first: a listener without the key (before: any listener on the head's
+    address) that says WELCOME then STOP neither starts the worker's engine nor stops it."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    addr = f"127.0.0.1:{srv.getsockname()[1]}"
+    srv.settimeout(WAIT)
+    worker = Node(tmp_path, "w1", ["--link-head", addr, "--link-wait", "2"])
+    try:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(f"{says}WELCOME\nSTOP requested head x\n".encode())
+            assert worker.wait() == EXIT_PEER_FAILED
+        assert "engine pid" not in worker.output()
+        assert logged in worker.output()
+    finally:
+        srv.close()
+        worker.kill()
+
+
+def _join(addr, key, name="w1"):
+    """A client that holds the key and does the worker's half of the handshake: (socket, session)."""
+    from llmfleet import fabric_key as fk
+
+    host, port = parse_addr(addr)
+    s = socket.create_connection((host, port), timeout=5)
+    f = s.makefile("rb")
+    mine = fk.nonce()
+    hello = f"HELLO {name} {mine}"
+    s.sendall((hello + "\n").encode())
+    _, theirs, proof = f.readline().decode().split()
+    assert fk.same(proof, fk.head_proof(key, name, mine, theirs))
+    auth = f"AUTH {fk.worker_proof(key, name, mine, theirs)}"
+    s.sendall((auth + "\n").encode())
+    session = fk.session_key(key, name, mine, theirs)
+    welcome = f.readline().decode().split()
+    assert welcome[0] == "WELCOME" and fk.same(welcome[1], fk.line_tag(session, "h", 0, "WELCOME"))
+    return s, f, session, (hello, auth)
+
+
+def test_a_recorded_handshake_cannot_be_replayed(tmp_path):
+    """A stranger that recorded a worker's HELLO and AUTH gets a fresh challenge its recorded proof does not answer."""
+    from llmfleet import fabric_key as fk
+
+    addr = f"127.0.0.1:{free_port()}"
+    head = Node(tmp_path, "head", ["--link-listen", addr])
+    try:
+        head.engine_pid()
+        s, _f, session, recorded = _join(addr, KEY.encode(), "w1")
+        tagged = "BYE w1 done"
+        s.sendall(f"{tagged} {fk.line_tag(session, 'w', 0, tagged)}\n".encode())  # a real worker's BYE...
+        assert head.wait() == 0  # ... stops the deployment on request
+    finally:
+        head.kill()
+    head = Node(tmp_path, "head2", ["--link-listen", addr])
+    try:
+        head.engine_pid()
+        got = raw(addr, *recorded, f"{tagged} {fk.line_tag(session, 'w', 0, tagged)}")
+        assert got.startswith("CHALLENGE ") and "WELCOME" not in got
+        stays_up(head)
+        assert "'w1' did not prove the deployment's fabric key" in head.output()
+    finally:
+        head.kill()
+
+
+def test_a_line_injected_into_a_nodes_connection_is_not_obeyed(tmp_path):
+    """After the handshake every line carries its tag: an untagged BYE (injected on the way) is not a stop on
+    request; the head counts the connection as broken (what an on-path attacker can do anyway by cutting it)."""
+    addr = f"127.0.0.1:{free_port()}"
+    head = Node(tmp_path, "head", ["--link-listen", addr])
+    try:
+        head.engine_pid()
+        s, _f, _session, _ = _join(addr, KEY.encode(), "w1")
+        with s:
+            s.sendall(b"BYE w1 stop requested\n")
+            assert head.wait() == EXIT_PEER_FAILED  # not 0: nobody asked for a stop
+        by = head.rec()["link"]["stopped_by"]
+        assert by["kind"] == "failed" and "failed its authentication" in by["reason"], by
+    finally:
+        head.kill()
+
+
+def test_the_link_needs_the_key():
+    cp = subprocess.run([*WRAP, "--link-head", "127.0.0.1:5", "--", "true"], capture_output=True, text=True,
+                        timeout=WAIT, env=env(), check=False)  # fmt: skip
+    assert cp.returncode == 2 and "--link-listen/--link-head need --link-key CRED" in cp.stderr, cp.stderr
