@@ -16,7 +16,9 @@ description:
     symlinks; a planted link fails the task.
 options:
   engine_python:
-    description: The engine's Python (asked for the engine and kernel-library versions).
+    description:
+      - The engine's Python (asked for the engine and kernel-library versions). It runs as I(owner), never as root,
+        so a venv the engine account can write gains it nothing.
     type: path
     required: true
   engine:
@@ -169,7 +171,7 @@ def run(module: AnsibleModule) -> None:
     if not os.path.isdir(p["model_path"]):
         module.fail_json(msg=f"engine_model_path {p['model_path']} is not a directory on this node; stage it first")
     try:
-        vers = engine_versions(p["engine_python"])
+        vers = engine_versions(p["engine_python"], run_as=p["owner"])
         gpu = gpu_facts()
     except PlanError as e:
         module.fail_json(msg=str(e))

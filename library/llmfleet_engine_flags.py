@@ -49,6 +49,15 @@ options:
     description: What else identifies the engine install, e.g. the engine and kernel-library versions.
     type: str
     default: ""
+  run_as:
+    description:
+      - The engine's service account (C(llmfleet_user)) - the help runs as that account, with its groups, so an
+        engine environment that account can write gains it nothing.
+      - Empty (or C(root)) - the help runs as root, and only when no other account can change what it executes (the
+        program, the directories above it, its venv's site-packages and what is in it); otherwise the task fails
+        naming the path and its owner.
+    type: str
+    default: ""
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -108,6 +117,7 @@ def argument_spec() -> dict:
         "timeout": {"type": "float", "default": 300},
         "cache_dir": {"type": "path", "default": ""},
         "cache_key": {"type": "str", "default": ""},
+        "run_as": {"type": "str", "default": ""},
     }
 
 
@@ -125,6 +135,7 @@ def run(module: AnsibleModule) -> None:
             cache_dir=p["cache_dir"],
             cache_key=p["cache_key"],
             store=not module.check_mode,
+            run_as=p["run_as"],
         )
     except PlanError as e:
         module.fail_json(msg=str(e), unknown=[], known_flags=0, cached=False)

@@ -18,6 +18,15 @@ options:
     description: The engine's Python (torch and the NCCL the engine uses).
     type: path
     required: true
+  run_as:
+    description:
+      - The engine's service account (C(llmfleet_user)) - the ranks run as that account, with its groups (the GPU
+        access the engine has), so an engine venv that account can write gains it nothing.
+      - Empty (or C(root)) - the ranks run as root, and only when no other account can change what I(python)
+        executes (the interpreter, the directories above it, its venv's site-packages and what is in it); otherwise
+        the task fails naming the path and its owner.
+    type: str
+    default: ""
   pythonpath:
     description: Where the llmfleet package lives for that Python.
     type: path
@@ -235,8 +244,11 @@ skipped_in_check_mode:
   type: bool
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet import jobs
+from ansible.module_utils.llmfleet.engine_env import EngineEnvError
 from ansible.module_utils.llmfleet.nccl_check import read_env_file, run_node_worlds, visible_env, world_error
 
 
@@ -244,6 +256,7 @@ def argument_spec() -> dict:
     """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
     return {
         "python": {"type": "path", "required": True},
+        "run_as": {"type": "str", "default": ""},
         "pythonpath": {"type": "path", "default": "/opt/llmfleet/lib"},
         "env_file": {"type": "path", "default": "/etc/llmfleet/fabric.env"},
         "world": {"type": "int", "required": True},
@@ -328,6 +341,7 @@ def run(module: AnsibleModule) -> None:
             "--op-timeout", str(p["op_timeout"]), "--corrupt-rank", str(p["corrupt_rank"])]  # fmt: skip
     spec = {
         "python": p["python"],
+        "run_as": p["run_as"],
         "pythonpath": p["pythonpath"],
         "env": {**read_env_file(p["env_file"]), **visible_env(p["visible_devices"])},
         "world": p["world"],
@@ -369,6 +383,8 @@ def node_result(spec: dict, python: str) -> dict:
     """The module's result: this node's ranks of each world (run_node_worlds), or a failure naming the fix."""
     try:
         worlds = run_node_worlds(spec)
+    except EngineEnvError as e:  # root will not run it: the message names the path, its owner and the fix
+        return {"failed": True, "changed": False, "msg": f"{os.uname().nodename}: {e}"}
     except OSError as e:  # the engine's Python (or numactl) cannot be started
         return {"failed": True, "changed": False,
                 "msg": f"cannot start the NCCL check ranks with {python}: {e}; check llmfleet_engine_python"}  # fmt: skip

@@ -29,8 +29,21 @@ options:
     type: dict
     default: {}
   engine_python:
-    description: The engine's Python; its torch's NCCL version is reported.
+    description: The engine's Python; its torch's NCCL version is reported (run as I(engine_user)).
     type: path
+  engine_env:
+    description:
+      - The engine's Python or command whose environment is checked - the file, the directories above it, its venv's
+        pyvenv.cfg, site-packages and each entry there - for accounts other than root that can change it
+        (C(engine_env) in the measurements).
+    type: path
+  engine_user:
+    description:
+      - The engine's service account. I(engine_python) runs as that account; an engine environment only it can
+        change (besides root) is told apart from one any other account can change.
+      - Empty, or an account not created yet - I(engine_python) runs as root only when no other account can change
+        it.
+    type: str
   clock_source:
     description: A file holding C(chronyc tracking) / C(timedatectl timesync-status) output to use instead of running them.
     type: path
@@ -57,7 +70,7 @@ RETURN = r"""
 measurements:
   description:
     - What was measured (gpu_count, driver_version, cuda_version, nccl_version, hca_*, default_memlock,
-      nvme_free_bytes, clock_offset_s, resolves, ...); a value is null when its tool is missing.
+      nvme_free_bytes, clock_offset_s, resolves, engine_env, ...); a value is null when its tool is missing.
   returned: always
   type: dict
 """
@@ -74,6 +87,8 @@ def argument_spec() -> dict:
         "nvme_path": {"type": "path", "default": "/mnt/nvme"},
         "peers": {"type": "dict", "default": {}},
         "engine_python": {"type": "path"},
+        "engine_env": {"type": "path"},
+        "engine_user": {"type": "str"},
         "clock_source": {"type": "path"},
     }
 
@@ -91,6 +106,8 @@ def run(module: AnsibleModule) -> None:
         peers=p["peers"],
         engine_python=p["engine_python"],
         clock_source=p["clock_source"],
+        engine_env=p["engine_env"],
+        engine_user=p["engine_user"],
     )
     module.exit_json(changed=False, measurements=m)
 

@@ -11,6 +11,7 @@ import stat
 from typing import Any
 
 from .engine import HELP_ARGS, PlanError
+from .engine_env import EngineEnvError, popen_kwargs
 from .safefs import (
     chown_fd,
     lstat_at,
@@ -56,11 +57,17 @@ _VERSIONS_PY = (
 )
 
 
-def _run(argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
+def _run(argv: list[str], timeout: float, *, engine: bool = False, run_as: str | None = None) -> tuple[int, str]:
+    """(exit status, output). engine: argv is the engine's own program, run as `run_as` (engine_env.popen_kwargs;
+    without it, root refuses a program another account can change: PlanError naming the path and its owner)."""
     import subprocess
 
     try:
-        p = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, env=env)
+        kw = popen_kwargs(argv[0], run_as) if engine else {}
+    except EngineEnvError as e:
+        raise PlanError(str(e)) from None
+    try:
+        p = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, **kw)
     except FileNotFoundError:
         return 127, f"{argv[0]}: not found"
     except PermissionError:
@@ -70,9 +77,9 @@ def _run(argv: list[str], timeout: float, env: dict | None = None) -> tuple[int,
     return p.returncode, p.stdout + p.stderr
 
 
-def engine_versions(python: str, timeout: float = 120) -> dict[str, Any]:
-    """Kernel-library versions and torch's CUDA as the engine's own Python sees them."""
-    rc, out = _run([python, "-c", _VERSIONS_PY % (KERNEL_LIBS,)], timeout)
+def engine_versions(python: str, timeout: float = 120, run_as: str | None = None) -> dict[str, Any]:
+    """Kernel-library versions and torch's CUDA as the engine's own Python sees them (run as `run_as`)."""
+    rc, out = _run([python, "-c", _VERSIONS_PY % (KERNEL_LIBS,)], timeout, engine=True, run_as=run_as)
     if rc != 0:
         raise PlanError(f"llmfleet_engine_python {python} could not report package versions: {out.strip()[-300:]}")
     return json.loads(out.strip().splitlines()[-1])
@@ -278,16 +285,17 @@ def help_text(
     cache_dir: str = "",
     cache_key: str = "",
     store: bool = True,
+    run_as: str | None = None,
 ) -> tuple[str, bool]:
     """(the engine's help, whether it came from the cache). With ``cache_dir`` the help of this exact engine
     install is kept there (unless ``store`` is off: check mode reads it, never writes it): `vllm serve
-    --help=all` imports vLLM and torch, 20-30 s of every converge."""
+    --help=all` imports vLLM and torch, 20-30 s of every converge). The help runs as `run_as` (engine_env)."""
     name = help_cache_name(command, profile, cache_key) if cache_dir else None
     if name:
         text = _cached_help(cache_dir, name)
         if text is not None:
             return text, True
-    rc, out = _run(list(command) + HELP_ARGS.get(profile, ["--help"]), timeout)
+    rc, out = _run(list(command) + HELP_ARGS.get(profile, ["--help"]), timeout, engine=True, run_as=run_as)
     if rc != 0 or not out.strip():
         raise PlanError(
             f"`{' '.join(command + HELP_ARGS.get(profile, ['--help']))}` failed (exit {rc}): {out.strip()[-400:]}; "

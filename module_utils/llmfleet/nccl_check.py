@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Any
 
+from .engine_env import popen_kwargs
 from .nccl_verdict import judge
 
 OPS = ("all_reduce", "broadcast", "sendrecv", "all_gather")
@@ -1003,14 +1004,17 @@ def run_node_worlds(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
     ranks of a second world right after, from the same processes: a list of results per world.
 
     spec: python, world, master, port, ranks ([[global_rank, local_rank], ...]), env (dict),
-    args (list of extra rank args), deadline, pythonpath, hosts (the world's nodes' fabric IPs, for rank 0's
-    probes), delay_ranks ({rank: seconds}, fault injection); then: the second world's world, master, port,
-    ranks, deadline (at most), deadline_factor, hosts, args (more rank args), delay_ranks. One process per NUMA
-    node of the ranks' GPUs (all of them when none is known) imports torch once and forks its ranks (run_ranks),
-    bound like engine ranks with numactl."""
+    args (list of extra rank args), deadline, pythonpath, run_as (the engine's account), hosts (the world's
+    nodes' fabric IPs, for rank 0's probes), delay_ranks ({rank: seconds}, fault injection); then: the second
+    world's world, master, port, ranks, deadline (at most), deadline_factor, hosts, args (more rank args),
+    delay_ranks. One process per NUMA node of the ranks' GPUs (all of them when none is known) imports torch
+    once and forks its ranks (run_ranks), bound like engine ranks with numactl."""
     env = {**os.environ, **spec.get("env", {})}
     if spec.get("pythonpath"):
         env["PYTHONPATH"] = spec["pythonpath"] + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # As the engine's account (spec["run_as"]), or as root only from an interpreter no one else can change:
+    # EngineEnvError before any rank starts.
+    kw = popen_kwargs(spec["python"], spec.get("run_as"), env, what="the NCCL check ranks")
     numactl = shutil.which("numactl")
     then = then_spec(spec)
     world_specs = [spec, then] if then else [spec]
@@ -1019,8 +1023,8 @@ def run_node_worlds(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
     for numa, members in numa_groups(spec).items():
         argv = group_argv(spec, members, numa, numactl, then)
         # A session of its own: a group that outlives the deadline is killed with every rank it forked.
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True)  # fmt: skip
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             **kw)  # fmt: skip
         procs.append((members, p))
     worlds: list[list[dict[str, Any]]] = [[] for _ in world_specs]
     # The ranks' deadlines count from their fork, after the import (and the first world, for the second's).

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from .engine_env import EngineEnvError, describe, popen_kwargs, resolve, unsafe_paths, venv_root
 from .net import connect_state
 from .nodeinfo import nvidia_gpus
 from .topology import hcas_from_sysfs
@@ -23,12 +24,14 @@ PASS, WARN, FAIL = "pass", "warn", "fail"
 ORDER = {PASS: 0, WARN: 1, FAIL: 2}
 
 
-def _run(argv: list[str], timeout: float = 30) -> tuple[int, str]:
+def _run(argv: list[str], timeout: float = 30, kw: dict | None = None) -> tuple[int, str]:
+    """(exit status, output); kw: subprocess arguments (engine_env.popen_kwargs for the engine's own Python)."""
     if not shutil.which(argv[0]):
         return 127, ""
+    kw = kw or {"env": dict(os.environ)}
+    kw["env"] = {**kw["env"], "LC_ALL": "C"}
     try:
-        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
-                            env={**os.environ, "LC_ALL": "C"})  # fmt: skip
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kw)
     except (OSError, subprocess.TimeoutExpired) as e:
         return 124, str(e)
     return cp.returncode, cp.stdout + (cp.stderr if cp.returncode else "")
@@ -59,7 +62,9 @@ def parse_driver_version(text: str | None) -> str | None:
 
 
 GPU_QUERY = (
-    "name,driver_version,persistence_mode,mig.mode.current,ecc.errors.uncorrected.volatile.total,retired_pages.pending"
+    "name,driver_version,persistence_mode,mig.mode.current,ecc.errors.uncorrected.volatile.total,retired_pages.pending,"
+    # Ampere and later (A100, H100, H200) remap rows instead of retiring pages: retired_pages.pending is [N/A] there.
+    "remapped_rows.pending,remapped_rows.failure"
 )
 
 
@@ -115,8 +120,11 @@ def measure(
     peers: dict[str, str] | None = None,
     engine_python: str | None = None,
     clock_source: str | None = None,
+    engine_env: str | None = None,
+    engine_user: str | None = None,
 ) -> dict[str, Any]:
-    """What preflight needs to know about this node. Missing tools give None, not errors."""
+    """What preflight needs to know about this node. Missing tools give None, not errors. engine_python's torch
+    reports its NCCL as engine_user; engine_env (the engine's Python or command) is checked for writers."""
     m: dict[str, Any] = {"hostname": socket.gethostname()}
     gpus_pci = nvidia_gpus(sys_root)
     rc, out = _run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"])
@@ -129,6 +137,8 @@ def measure(
     ecc = [g["ecc.errors.uncorrected.volatile.total"] for g in q]
     m["ecc_uncorrected"] = sum(int(x) for x in ecc if x.isdigit()) if q else None
     m["retired_pages_pending"] = any(g["retired_pages.pending"].lower() == "yes" for g in q) if q else None
+    m["remapped_rows_pending"] = any(g.get("remapped_rows.pending", "").lower() == "yes" for g in q) if q else None
+    m["row_remap_failure"] = any(g.get("remapped_rows.failure", "").lower() == "yes" for g in q) if q else None
     rc, out = _run(["nvidia-smi"])
     cm = re.search(r"CUDA Version:\s*([0-9.]+)", out) if rc == 0 else None
     m["cuda_version"] = cm.group(1) if cm else None
@@ -164,12 +174,39 @@ def measure(
         except OSError:
             resolved[name] = []
     m["resolves"] = resolved
-    m["nccl_version"] = None
-    if engine_python:
-        rc, out = _run([engine_python, "-c", "import torch; print('.'.join(map(str, torch.cuda.nccl.version())))"],
-                       timeout=120)  # fmt: skip
-        m["nccl_version"] = out.strip().splitlines()[-1] if rc == 0 and out.strip() else f"error: {out.strip()[-200:]}"
+    m["nccl_version"] = engine_nccl(engine_python, engine_user) if engine_python else None
+    m["engine_env"] = engine_env_writers(engine_env, engine_user) if engine_env else None
     return m
+
+
+def engine_nccl(engine_python: str, engine_user: str | None) -> str:
+    """torch's NCCL version as the engine's Python reports it, run as the engine's account; "error: ..." else."""
+    try:
+        kw = popen_kwargs(engine_python, engine_user, what="the engine's Python")
+    except EngineEnvError as e:
+        rc, out = 1, str(e)
+    else:
+        code = "import torch; print('.'.join(map(str, torch.cuda.nccl.version())))"
+        rc, out = _run([engine_python, "-c", code], timeout=120, kw=kw)
+    return out.strip().splitlines()[-1] if rc == 0 and out.strip() else f"error: {out.strip()[-200:]}"
+
+
+def engine_env_writers(command: str, engine_user: str | None = None) -> dict[str, Any]:
+    """Who besides root can change what the engine's Python or command executes (engine_env.unsafe_paths):
+    "others" (any account but root and the engine's), "engine" (the engine's account only)."""
+    exe = resolve(command)
+    if not exe:
+        return {"path": command, "missing": True, "others": [], "engine": []}
+    uid = None
+    if engine_user:
+        import pwd
+
+        with contextlib.suppress(KeyError):
+            uid = pwd.getpwnam(engine_user).pw_uid
+    others = unsafe_paths(exe, (0,) if uid is None else (0, uid))
+    bad = {f["path"] for f in others}
+    engine = [f for f in unsafe_paths(exe) if f["path"] not in bad] if uid is not None else []
+    return {"path": exe, "root": venv_root(exe), "others": others, "engine": engine}
 
 
 def probe_ports(
@@ -218,7 +255,8 @@ def _consistent(check: str, values: dict[str, Any], *, missing: str = FAIL, why:
 FIX = {
     "persistence_mode": "enable it (nvidia-smi -pm 1 or nvidia-persistenced) to avoid slow first CUDA init",
     "mig_disabled": "MIG is enabled: disable it (nvidia-smi -mig 0) for tensor-parallel engines",
-    "ecc": "uncorrectable ECC errors or pending page retirement: reset or drain the GPU",
+    "ecc": "uncorrectable ECC errors, pending page retirement or row remapping (a GPU reset applies it), or a failed "
+    "row remap (replace the GPU): drain the node and reset or replace the GPU",
     "fabricmanager": "NVSwitch present but nvidia-fabricmanager is not active: CUDA init will fail",
     "nvidia_peermem": "GPUDirect RDMA expected: modprobe nvidia_peermem",
     "memlock_units": "DefaultLimitMEMLOCK is limited: units need LimitMEMLOCK=infinity (the engine role sets it)",
@@ -261,8 +299,10 @@ def _node_checks(n: str, m: dict[str, Any], cfg: dict[str, Any]) -> list[dict[st
         ("mig_disabled", bool(m.get("mig_mode")), m.get("mig_mode"),
          all(x in ("Disabled", "[N/A]", "N/A") for x in m.get("mig_mode") or []), False),
         ("ecc", m.get("ecc_uncorrected") is not None,
-         {"uncorrected": m.get("ecc_uncorrected"), "retired_pages_pending": m.get("retired_pages_pending")},
-         m.get("ecc_uncorrected") == 0 and not m.get("retired_pages_pending"), False),
+         {"uncorrected": m.get("ecc_uncorrected"), "retired_pages_pending": m.get("retired_pages_pending"),
+          "remapped_rows_pending": m.get("remapped_rows_pending"), "row_remap_failure": m.get("row_remap_failure")},
+         m.get("ecc_uncorrected") == 0 and not any(m.get(k) for k in (
+             "retired_pages_pending", "remapped_rows_pending", "row_remap_failure")), False),
         ("fabricmanager", bool(m.get("nvswitch")), m.get("fabricmanager_active"),
          bool(m.get("fabricmanager_active")), False),
         ("nvidia_peermem", bool(cfg.get("expect_rdma")), m.get("peermem_loaded"), bool(m.get("peermem_loaded")), False),
@@ -276,6 +316,7 @@ def _node_checks(n: str, m: dict[str, Any], cfg: dict[str, Any]) -> list[dict[st
             msg = "" if ok else FIX[check] + (f" (needs {need} bytes)" if check == "nvme_free" else "")
             rows.append(_row(check, n, value, PASS if ok else (WARN if warn_only else FAIL), msg))
     rows += _libcuda_row(n, m)
+    rows += _engine_env_row(n, m.get("engine_env"))
     off, lim = m.get("clock_offset_s"), cfg.get("max_clock_offset_s", 0.1)
     if off is None:
         rows.append(_row("clock_sync", n, None, WARN, "no chrony/timesyncd offset available"))
@@ -310,6 +351,26 @@ def _gpu_count_rows(measurements: dict[str, dict[str, Any]], cfg: dict[str, Any]
         counts = {n: measurements[n].get("gpu_count") for n in measurements}
         rows += [r for r in _consistent("gpu_count_equal", counts) if r["status"] == FAIL]
     return rows
+
+
+def _engine_env_row(n: str, env: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """engine_env: root runs the engine's Python only as the engine's account, or from a path only root can change;
+    a path another account can change lets that account into whatever runs it (fail), one the engine's account
+    alone can change lets a compromised engine keep its foothold across restarts (warn)."""
+    if not env:
+        return []
+    if env.get("missing"):
+        why = f"{env['path']} is not installed here (yet): the engine and the NCCL check need it"
+        return [_row("engine_env", n, env["path"], WARN, why)]
+    fix = f"own it by root: chown -R root:root {env['root']}; chmod -R go-w {env['root']}"
+    if env.get("others"):
+        why = f"another account can change the engine's environment {env['path']}: {describe(env['others'])}: {fix}"
+        return [_row("engine_env", n, [f["path"] for f in env["others"]][:5], FAIL, why)]
+    if env.get("engine"):
+        why = (f"the engine's account can change its own environment {env['path']} ({describe(env['engine'])}): "
+               f"llmfleet runs it only as that account, but a compromised engine keeps its code; {fix}")  # fmt: skip
+        return [_row("engine_env", n, [f["path"] for f in env["engine"]][:5], WARN, why)]
+    return [_row("engine_env", n, env["path"], PASS)]
 
 
 def evaluate(measurements: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> list[dict[str, Any]]:

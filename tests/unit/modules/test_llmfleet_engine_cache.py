@@ -50,6 +50,7 @@ def base(tmp_path, **over):
 def test_options_become_the_fingerprint_and_the_cache_call(fakes, tmp_path, check):
     res = run(mod, base(tmp_path, extra={"moe_kernel": "triton"}, keep=3), check=check)
     assert fakes["engine_versions"].args == ("/opt/vllm/bin/python",)
+    assert fakes["engine_versions"].kwargs == {"run_as": ME}  # the engine's account asks its Python, never root
     assert fakes["model_identity"].args == (str(tmp_path / "model"),)
     assert res["inputs"] == {
         "engine": "vllm_pd",

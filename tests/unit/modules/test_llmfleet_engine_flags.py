@@ -30,7 +30,7 @@ def test_options_become_the_help_call_and_the_check(helps, check):
     res = run(mod, {"command": CMD, "profile": "sglang", "argv": argv, "timeout": "60"}, check=check)
     assert helps["help_text"].args == (CMD, "sglang", 60.0)
     # check mode reads the help cache, never writes it
-    assert helps["help_text"].kwargs == {"cache_dir": "", "cache_key": "", "store": not check}
+    assert helps["help_text"].kwargs == {"cache_dir": "", "cache_key": "", "store": not check, "run_as": ""}
     assert helps["unknown_flags"].args == (argv, SGLANG_HELP, "sglang")
     assert helps["unknown_flags"].kwargs == {"skip": 2}  # the command words are not flags
     assert res == {"changed": False, "unknown": [], "known_flags": 560, "cached": False}

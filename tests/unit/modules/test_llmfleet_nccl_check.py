@@ -20,10 +20,11 @@ def test_options_become_the_rank_spec(monkeypatch, tmp_path):
     monkeypatch.setattr(mod, "run_node_worlds", ranks)
     res = run(mod, base(tmp_path, backend="nccl", ops=["all_reduce"], sizes=["1M", "8"], iters=3, timeout=10,
                         op_timeout=20, deadline=60, corrupt_rank=3, delay_ranks={3: 1.5}, numa_nodes=[1, ""],
-                        unreachable_after=4, hosts=["10.0.0.11", "10.0.0.12"]))  # fmt: skip
+                        unreachable_after=4, hosts=["10.0.0.11", "10.0.0.12"], run_as="llmfleet"))  # fmt: skip
     (spec,) = ranks.args
     assert spec == {
         "python": "/opt/engine/bin/python",
+        "run_as": "llmfleet",  # the ranks run as the engine's account
         "pythonpath": "/opt/llmfleet/lib",
         "env": {"NCCL_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "eth1"},
         "world": 4,

@@ -14,10 +14,12 @@ def test_options_become_the_measure_call(monkeypatch, tmp_path, check):
     monkeypatch.setattr(mod, "measure", measure)
     res = run(mod, {"sys_root": str(tmp_path), "driver_version_file": str(tmp_path / "version"), "nvme_path": "/data",
                     "peers": {"node2": "10.0.0.12"}, "engine_python": "/opt/e/bin/python",
+                    "engine_env": "/opt/e/bin/python", "engine_user": "llmfleet",
                     "clock_source": str(tmp_path / "chrony.txt")}, check=check)  # fmt: skip
     assert measure.kwargs == {"sys_root": str(tmp_path), "driver_version_file": str(tmp_path / "version"),
                               "nvme_path": "/data", "peers": {"node2": "10.0.0.12"}, "engine_python": "/opt/e/bin/python",
-                              "clock_source": str(tmp_path / "chrony.txt")}  # fmt: skip
+                              "clock_source": str(tmp_path / "chrony.txt"), "engine_env": "/opt/e/bin/python",
+                              "engine_user": "llmfleet"}  # fmt: skip
     assert res == {"changed": False, "measurements": {"gpu_count": 8}}
     assert "ansible_facts" not in res and not undocumented(mod, res)
 
@@ -27,7 +29,8 @@ def test_defaults(monkeypatch):
     monkeypatch.setattr(mod, "measure", measure)
     run(mod, {})
     assert measure.kwargs == {"sys_root": "/sys", "driver_version_file": "/proc/driver/nvidia/version",
-                              "nvme_path": "/mnt/nvme", "peers": {}, "engine_python": None, "clock_source": None}  # fmt: skip
+                              "nvme_path": "/mnt/nvme", "peers": {}, "engine_python": None, "clock_source": None,
+                              "engine_env": None, "engine_user": None}  # fmt: skip
 
 
 def test_measures_a_fake_node_for_real(tmp_path):
