@@ -115,6 +115,13 @@ options:
     type: list
     elements: str
     default: []
+  peer_key_file:
+    description:
+      - The deployment's fabric key file (root-only, mode 0600; the llmfleet role writes it). Every request to a peer
+        server proves the key, and the peer server answers nobody else (403). The module reads the file itself; the
+        key is never an option's value.
+      - Required when this node serves (I(serve_port)) or has peers.
+    type: path
   serve_bind:
     description: Address the peer server binds (the role passes the fabric IP).
     type: str
@@ -244,6 +251,15 @@ served_bytes:
   description: Bytes this node served to peers.
   returned: success
   type: int
+peer_refused:
+  description: Requests to this node's peer server refused (403) for want of proof of the fabric key.
+  returned: success
+  type: int
+peer_refused_from:
+  description: The first 10 refused requests, each the client address and port, then why (also in the node journal).
+  returned: success
+  type: list
+  elements: str
 reader_intervals:
   description: C([start, end]) epoch seconds of this node's shared-storage reading.
   returned: success
@@ -302,6 +318,7 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet import jobs
+from ansible.module_utils.llmfleet.fabric_key import FabricKeyError, load_key_file
 from ansible.module_utils.llmfleet.lease import LeaseTimeout
 from ansible.module_utils.llmfleet.manifest import load_manifest, manifest_digest, stat_manifest
 from ansible.module_utils.llmfleet.stage import StageRequest, plan, resolve_source
@@ -362,6 +379,7 @@ def argument_spec() -> dict:
         "me": {"type": "str", "required": True},
         "peers": {"type": "dict", "default": {}},
         "seeds": {"type": "list", "elements": "str", "default": []},
+        "peer_key_file": {"type": "path"},
         "serve_bind": {"type": "str", "default": "0.0.0.0"},  # noqa: S104 (documented; the role passes the fabric IP)
         "serve_port": {"type": "int", "default": 0},
         "peer_wait": {"type": "float", "default": 3600},
@@ -448,6 +466,7 @@ def run(module: AnsibleModule) -> None:
             peer_wait=p["peer_wait"],
             peer_dead_after=p["peer_dead_after"],
             finish_wait=p["finish_wait"],
+            peer_key=fabric_key(module, host),
         )
     except (StageError, LeaseTimeout, OSError, ValueError) as e:  # ValueError: a malformed manifest file
         module.fail_json(msg=f"{host} ({p['me']}): staging {p['model']}@{p['revision']} failed: {e}")
@@ -459,6 +478,23 @@ def run(module: AnsibleModule) -> None:
     if result.get("failed"):
         module.fail_json(**result)
     module.exit_json(**result)
+
+
+def fabric_key(module: AnsibleModule, host: str) -> bytes:
+    """The deployment's fabric key from peer_key_file, read as root from a root-only file (b"" for a lone node)."""
+    p = module.params
+    if not p["peer_key_file"]:
+        if p["serve_port"] or any(h != p["me"] for h in p["peers"]):
+            module.fail_json(
+                msg=f"{host} ({p['me']}): peer_key_file is required when this node serves or has peers (the peer "
+                "servers answer only the deployment's nodes): give the fabric key file the llmfleet role writes"
+            )
+        return b""
+    try:
+        return load_key_file(p["peer_key_file"])
+    except FabricKeyError as e:
+        module.fail_json(msg=f"{host} ({p['me']}): {e}")
+        raise  # not reached: fail_json exits
 
 
 def staged(req: StageRequest, cfg: SwarmConfig, p: dict, host: str) -> dict:

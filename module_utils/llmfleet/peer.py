@@ -8,6 +8,11 @@ manifest either way, so a peer is never trusted (a copy that fails here reaches 
 or wrong file and they try another source). ``/status`` says which files this node has and is
 writing and whether it is done; ``/status?seen=SIG&wait=S`` answers as soon as that differs from
 the status the caller saw (or after S seconds), so peers learn of a new file without polling.
+
+Only the deployment's nodes are served: every request carries proof of the deployment's fabric key
+(fabric_key.PEER_HEADER: an HMAC over the request, fresh, never replayed). A request without it gets 403 and
+nothing else (no file, no listing), is counted and logged to the node's journal (syslog). Who asks is the
+node named in that proof, never a query parameter.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .fabric_key import PEER_HEADER, Refused, RequestGuard
 from .store import JOURNAL, read_journal, read_record
 
 PART = ".llmfleet-part"  # transfer.fetch_file writes a file under its name + PART until it is verified
@@ -35,10 +41,23 @@ STATUS_WAIT_MAX_S = 10.0
 # response for the next bytes, a status long poll (each look reads the journal) for a new file.
 _TICK_S = 0.02
 _STATUS_TICK_S = 0.1
+REFUSED_KEEP = 10
+
+
+def _journal(message: str) -> None:
+    try:
+        import syslog  # not on every platform; staging runs on Linux nodes
+
+        syslog.syslog(syslog.LOG_WARNING | syslog.LOG_AUTH, message)
+    except Exception:  # noqa: S110 (a refusal is counted in the result either way)
+        pass
 
 
 class PeerState:
-    def __init__(self, mdir: str, revision: str, manifest: dict[str, Any], host: str) -> None:
+    def __init__(self, mdir: str, revision: str, manifest: dict[str, Any], host: str, *, key: bytes) -> None:
+        self.guard = RequestGuard(key)  # ValueError without a key: no peer server answers strangers
+        self.refused = 0  # requests without valid proof of the key
+        self.refused_from: list[str] = []  # the first REFUSED_KEEP of them: "address: why"
         self.mdir = mdir
         self.revision = revision
         self.sizes = {e["path"]: e["size"] for e in manifest["files"]}
@@ -105,6 +124,15 @@ class PeerState:
             st = self.status()
         return st
 
+    def refuse(self, client: str, why: str) -> None:
+        with self._lock:
+            self.refused += 1
+            n = self.refused
+            if len(self.refused_from) < REFUSED_KEEP:
+                self.refused_from.append(f"{client}: {why}")
+        if n <= REFUSED_KEEP or n % 1000 == 0:  # the journal hears of a flood without being flooded
+            _journal(f"llmfleet staging peer server {self.host}: refused a request from {client} ({n} so far): {why}")
+
     def add_served(self, n: int) -> None:
         with self._lock:
             self.served_bytes += n
@@ -120,6 +148,12 @@ def make_server(state: PeerState, bind: str, port: int) -> ThreadingHTTPServer:
             pass
 
         def do_GET(self) -> None:
+            try:
+                asker = state.guard.check(self.headers.get(PEER_HEADER), "GET", self.path)
+            except Refused as e:
+                state.refuse(f"{self.client_address[0]}:{self.client_address[1]}", str(e))
+                self.send_error(403, "not a node of this deployment")
+                return
             url = urllib.parse.urlsplit(self.path)
             path = urllib.parse.unquote(url.path)
             query = urllib.parse.parse_qs(url.query)
@@ -130,8 +164,8 @@ def make_server(state: PeerState, bind: str, port: int) -> ThreadingHTTPServer:
                     wait = 0.0
                 seen = query.get("seen", [""])[0]
                 st = state.status_after(seen, wait) if seen else state.status()
-                if st["done"] and query.get("from"):
-                    state.seen_done.add(query["from"][0])
+                if st["done"]:
+                    state.seen_done.add(asker)  # the node its proof names (a `from=` anyone could write is ignored)
                 body = json.dumps(st).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

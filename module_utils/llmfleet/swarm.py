@@ -10,6 +10,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from .lease import Lease, SharedLease
 from .peer import PeerState, serve_in_background
 from .stage import StageRequest, assign_files, stage
 from .stage_errors import LeaseLostError, StageError
-from .store import LOCK, ModelLock, model_dir
+from .store import LOCK, ModelLock, ensure_model_dir, model_dir
 from .transfer import LocalSource, PeerSource
 
 
@@ -71,6 +72,9 @@ class SwarmConfig:
     peer_dead_after: float = 60.0
     finish_wait: float = 600.0
     relay_fanout: int = RELAY_FANOUT
+    # The deployment's fabric key (fabric_key.py): every peer request proves it, the peer server serves nobody
+    # else. Needed whenever this node serves or has peers.
+    peer_key: bytes = field(default=b"", repr=False)
 
 
 def _refused(e: BaseException) -> bool:
@@ -107,7 +111,7 @@ class StatusBoard:
         seen = ""
         while not self._stop.is_set():
             try:
-                st = self.peers[h].status(seen, STATUS_WAIT_S, self.me)
+                st = self.peers[h].status(seen, STATUS_WAIT_S)
             except Exception as e:  # any failure of one peer's answer: its watcher must go on
                 with self.changed:
                     if h in self.last_seen and _refused(e):
@@ -205,7 +209,7 @@ def run_node(req: StageRequest, cfg: SwarmConfig) -> dict[str, Any]:
     mdir = model_dir(req.root, req.model)
     if req.check_mode:
         return stage(req, lambda rel: [])
-    os.makedirs(mdir, exist_ok=True)
+    ensure_model_dir(mdir)  # refuses a model root or dir another account can write, before anything is written
     # The model's lock first: a second run while the first one's job is alive (lost SSH, a wait that
     # timed out, two operators) waits or says who holds it, before it binds the same peer port.
     lock = ModelLock(mdir, req.revision, req.run_by)
@@ -245,9 +249,13 @@ def _serve_until_peers_done(board: StatusBoard, state: PeerState, cfg: SwarmConf
 
 
 def _run_locked(req: StageRequest, cfg: SwarmConfig, mdir: str) -> dict[str, Any]:
-    state = PeerState(mdir, req.revision, req.manifest, cfg.me)
+    others = {h: u for h, u in cfg.peers.items() if h != cfg.me}
+    if (cfg.serve_port or others) and not cfg.peer_key:
+        raise StageError(f"{cfg.me}: staging with peers needs the deployment's fabric key (peer_key_file)")
+    # A lone node (no peers, not serving) starts no server: its state's key is a throwaway.
+    state = PeerState(mdir, req.revision, req.manifest, cfg.me, key=cfg.peer_key or secrets.token_bytes(32))
     server = _serve(state, cfg, mdir) if cfg.serve_port else None
-    peers = {h: PeerSource(u) for h, u in cfg.peers.items() if h != cfg.me}
+    peers = {h: PeerSource(u, key=cfg.peer_key, me=cfg.me) for h, u in others.items()}
     board = StatusBoard(peers, cfg.me).start()
     assignment = assign_files(req.manifest["files"], [s for s in cfg.seeds if s in cfg.peers or s == cfg.me])
     hosts = sorted({*cfg.peers, cfg.me})
@@ -305,6 +313,8 @@ def _run_locked(req: StageRequest, cfg: SwarmConfig, mdir: str) -> dict[str, Any
                 server.server_close()
     result.update(
         served_bytes=state.served_bytes,
+        peer_refused=state.refused,
+        peer_refused_from=state.refused_from,
         reader_intervals=lease.intervals,
         source_fallback_files=fallbacks,
         seed=cfg.me in assignment.values(),

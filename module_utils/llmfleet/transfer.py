@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
+from . import fabric_key
 from .stage_errors import DiskFullError, LeaseLostError, LockedError, StageError
 from .stage_progress import Progress
 from .store import Journal
@@ -129,23 +130,29 @@ class PeerSource:
 
     from_peer = True
 
-    def __init__(self, url: str, timeout: float = 30, *, follow: bool = False) -> None:
+    def __init__(self, url: str, timeout: float = 30, *, follow: bool = False, key: bytes, me: str) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.follow = follow
+        self.key, self.me = key, me  # every request proves the deployment's fabric key as node `me` (peer.py)
+
+    def _get(self, target: str, timeout: float) -> Any:
+        proof = fabric_key.sign_request(self.key, self.me, "GET", target)
+        req = urllib.request.Request(self.url + target, headers={fabric_key.PEER_HEADER: proof})  # noqa: S310
+        return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310
 
     def open(self, rel: str) -> BinaryIO:
         q = "?follow=1" if self.follow else ""
-        return urllib.request.urlopen(f"{self.url}/files/{urllib.request.quote(rel)}{q}", timeout=self.timeout)  # noqa: S310
+        return self._get(f"/files/{urllib.request.quote(rel)}{q}", self.timeout)
 
     def following(self) -> PeerSource:
-        return PeerSource(self.url, max(self.timeout, FOLLOW_TIMEOUT_S), follow=True)
+        return PeerSource(self.url, max(self.timeout, FOLLOW_TIMEOUT_S), follow=True, key=self.key, me=self.me)
 
-    def status(self, seen: str = "", wait: float = 0.0, asker: str = "") -> dict[str, Any]:
-        """The peer's status; with seen, once it differs from that signature or after wait seconds.
-        asker: who asks (the peer then knows that node has seen it done)."""
-        q = urllib.parse.urlencode({k: v for k, v in (("seen", seen), ("wait", f"{wait:g}"), ("from", asker)) if v})
-        with urllib.request.urlopen(f"{self.url}/status?{q}", timeout=5 + wait) as r:  # noqa: S310
+    def status(self, seen: str = "", wait: float = 0.0) -> dict[str, Any]:
+        """The peer's status; with seen, once it differs from that signature or after wait seconds. The peer
+        learns who asks from the request's proof (it then knows that node has seen it done)."""
+        q = urllib.parse.urlencode({k: v for k, v in (("seen", seen), ("wait", f"{wait:g}")) if v})
+        with self._get(f"/status?{q}", 5 + wait) as r:
             return json.loads(r.read())
 
     def __str__(self) -> str:

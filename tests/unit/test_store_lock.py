@@ -38,7 +38,7 @@ def node_run(tmp_path, src, port, **req_kw):
     """One node's run as the module starts it: its own peer server on the derived port, reading shared storage."""
     req = stage.StageRequest(root=str(tmp_path / "nvme"), model="m", revision=REV, manifest=build_manifest(str(src)),
                              threads=1, unit_glob="", **req_kw)  # fmt: skip
-    cfg = swarm.SwarmConfig(me="n1", source_dir=str(src), lease_dir=str(tmp_path / "leases"),
+    cfg = swarm.SwarmConfig(me="n1", peer_key=b"k" * 32, source_dir=str(src), lease_dir=str(tmp_path / "leases"),
                             peers={"n1": f"http://127.0.0.1:{port}"}, seeds=["n1"], serve_bind="127.0.0.1",
                             serve_port=port, finish_wait=0)  # fmt: skip
     return swarm.run_node(req, cfg)

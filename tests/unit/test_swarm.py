@@ -15,6 +15,7 @@ from tests.helpers import burst
 from tests.helpers.ckpt import make_checkpoint
 
 REV = "a" * 40
+KEY = b"fabric-key-of-this-test-deployment-0123456789"  # the deployment's fabric key (fabric_key.py)
 
 
 def free_port():
@@ -38,6 +39,7 @@ def run_fleet(tmp_path, src, hosts, seeds, req_kw=None, **cfg_kw):
         kw = (req_kw or {}).get(h, {})
         req = stage.StageRequest(root=str(tmp_path / h), model="m", revision=REV, manifest=manifest, threads=2, **kw)
         cfg = swarm.SwarmConfig(
+            peer_key=KEY,
             me=h,
             source_dir=str(src),
             lease_dir=str(tmp_path / "leases"),
@@ -113,6 +115,7 @@ def against_a_fake_peer(tmp_path, src, manifest, handler):
     threading.Thread(target=fake.serve_forever, daemon=True).start()
     req = stage.StageRequest(root=str(tmp_path / "n2"), model="m", revision=REV, manifest=manifest, threads=2)
     cfg = swarm.SwarmConfig(
+        peer_key=KEY,
         me="n2",
         source_dir=str(src),
         lease_dir=str(tmp_path / "leases"),
@@ -158,6 +161,7 @@ def test_dead_seed_falls_back_to_source(tmp_path, src):
     manifest = build_manifest(str(src))
     req = stage.StageRequest(root=str(tmp_path / "n2"), model="m", revision=REV, manifest=manifest)
     cfg = swarm.SwarmConfig(
+        peer_key=KEY,
         me="n2",
         source_dir=str(src),
         lease_dir=str(tmp_path / "leases"),
@@ -214,7 +218,7 @@ def _growing_server(tmp_path, manifest):
     partial = mdir / f".partial-{REV}"
     partial.mkdir(parents=True)
     want = max(manifest["files"], key=lambda e: e["size"])
-    state = peer.PeerState(str(mdir), REV, manifest, "peer")
+    state = peer.PeerState(str(mdir), REV, manifest, "peer", key=KEY)
     server = peer.serve_in_background(state, "127.0.0.1", 0)
     return server, state, want, partial / (want["path"] + peer.PART)
 
@@ -240,7 +244,7 @@ def test_a_file_still_being_written_is_passed_on_as_it_grows(tmp_path, src):
         try:
             assert want["path"] in state.status()["writing"]
             url = f"http://127.0.0.1:{server.server_port}"
-            with transfer.PeerSource(url).following().open(want["path"]) as r:
+            with transfer.PeerSource(url, key=KEY, me="n2").following().open(want["path"]) as r:
                 got = r.read(len(data) // 2)
                 first_half_received.set()
                 got += r.read()
@@ -262,7 +266,7 @@ def test_a_cut_through_response_ends_short_when_the_writer_gives_up(tmp_path, sr
     fd = os.open(part, os.O_RDONLY)  # keeps the inode alive, as the server's open file does
     try:
         url = f"http://127.0.0.1:{server.server_port}"
-        with transfer.PeerSource(url, timeout=60).following().open(want["path"]) as r:
+        with transfer.PeerSource(url, timeout=60, key=KEY, me="n2").following().open(want["path"]) as r:
             part.unlink()
             with pytest.raises(http.client.IncompleteRead):
                 r.read()
@@ -273,7 +277,8 @@ def test_a_cut_through_response_ends_short_when_the_writer_gives_up(tmp_path, sr
         monkeypatch.setattr(peer, "STALL_S", 0.5)  # a writer that stopped without removing its file
         journal = store.Journal(str(out))
         with pytest.raises(stage.StageError, match=rf"{want['path']}: got 100 bytes, manifest says"):
-            transfer.fetch_file(transfer.PeerSource(url).following(), want["path"], str(out), want, journal)
+            source = transfer.PeerSource(url, key=KEY, me="n2").following()
+            transfer.fetch_file(source, want["path"], str(out), want, journal)
         assert not (out / want["path"]).exists()
     finally:
         os.close(fd)
@@ -283,7 +288,7 @@ def test_a_cut_through_response_ends_short_when_the_writer_gives_up(tmp_path, sr
 def test_a_receiver_waits_longer_than_the_sender_judges_a_stall():
     # A pause of the sender's source is the sender's to judge (it ends the response short after STALL_S);
     # a receiver timing out first would give up on a healthy parent and might read shared storage itself.
-    assert transfer.PeerSource("http://x").following().timeout > peer.STALL_S
+    assert transfer.PeerSource("http://x", key=KEY, me="n2").following().timeout > peer.STALL_S
 
 
 class _Board:
@@ -357,7 +362,7 @@ def test_a_burst_of_connections_is_not_dropped_while_the_server_is_busy(tmp_path
     socketserver's listen backlog of 5, connections beyond it had their SYN dropped and waited for the
     kernel's 1 s retransmit: 1 s (then 3 s, 7 s) lost by a node, seen as 1.0 s opens in a 4-node trace."""
     manifest = build_manifest(str(src), revision="a" * 40)
-    state = peer.PeerState(str(tmp_path / "m"), "a" * 40, manifest, "n1")
+    state = peer.PeerState(str(tmp_path / "m"), "a" * 40, manifest, "n1", key=KEY)
     server = peer.make_server(state, "127.0.0.1", 0)  # not serving yet: nothing accepts, as while it is busy
     try:
         assert burst.completed(server.server_address[1], 40) == 40, "connections past the listen backlog dropped"

@@ -44,6 +44,14 @@ def base(tmp_path, **over):
             "lease_dir": "/mnt/shared/.llmfleet/leases", "me": "node1", **over}  # fmt: skip
 
 
+def key_file(tmp_path, mode=0o600):
+    """The deployment's fabric key file, as the llmfleet role writes it (owner: this test's user)."""
+    f = tmp_path / "dep.fabric-key"
+    f.write_text("k" * 48)
+    f.chmod(mode)
+    return str(f)
+
+
 def test_options_become_the_request_and_the_swarm(fakes, tmp_path):
     progress = tmp_path / "state" / "progress.json"
     res = run(mod, base(tmp_path, root="/nvme/models", threads="8", keep=3, free_space_margin_bytes=2**30,
@@ -52,7 +60,7 @@ def test_options_become_the_request_and_the_swarm(fakes, tmp_path):
                         serve_bind="10.0.0.11", serve_port=50080, peer_wait=30, peer_dead_after=5, finish_wait=60,
                         progress_path=str(progress), rate_limit_bytes_per_s=2**20, lock_wait=30,
                         unit_glob="/etc/systemd/system/serve-*.service", run_by="alice",
-                        manifest_sha256=manifest_digest(MANIFEST)))  # fmt: skip
+                        manifest_sha256=manifest_digest(MANIFEST), peer_key_file=key_file(tmp_path)))  # fmt: skip
     req, cfg = fakes["run_node"].args
     assert fakes["resolve_source"].args == ("/mnt/shared/models--Qwen--Qwen3.8", REV)
     assert req == StageRequest(root="/nvme/models", model="qwen", revision=REV, manifest=MANIFEST, threads=8,
@@ -62,7 +70,8 @@ def test_options_become_the_request_and_the_swarm(fakes, tmp_path):
     assert cfg == SwarmConfig(me="node1", source_dir=str(tmp_path / "src"), lease_dir="/mnt/shared/.llmfleet/leases",
                               max_source_readers=4, peers={"node1": "http://10.0.0.11:50080", "node2": "http://10.0.0.12:50080"},
                               seeds=["node1"], serve_bind="10.0.0.11", serve_port=50080, lease_ttl=90.0,
-                              lease_timeout=600.0, peer_wait=30.0, peer_dead_after=5.0, finish_wait=60.0)  # fmt: skip
+                              lease_timeout=600.0, peer_wait=30.0, peer_dead_after=5.0, finish_wait=60.0,
+                              peer_key=b"k" * 48)  # fmt: skip
     assert progress.parent.is_dir()  # made for the progress file
     assert res == RESULT
     assert not undocumented(mod, res)
@@ -153,3 +162,16 @@ def test_detach_returns_a_job_whose_file_gets_the_modules_result(fakes, monkeypa
 def test_check_mode_never_detaches(fakes, tmp_path):
     res = run(mod, base(tmp_path, detach=True), check=True)
     assert "ansible_job_id" not in res and res["state"] == "partial"
+
+
+def test_peers_without_the_fabric_key_are_refused(fakes, tmp_path):
+    msg = fail(mod, base(tmp_path, peers={"node1": "http://a:1", "node2": "http://b:1"}, serve_port=50080))["msg"]
+    assert "peer_key_file is required when this node serves or has peers" in msg
+    assert not fakes["run_node"].calls
+
+
+def test_a_fabric_key_file_others_can_read_is_refused(fakes, tmp_path):
+    path = key_file(tmp_path, 0o644)
+    msg = fail(mod, base(tmp_path, peers={"node2": "http://b:1"}, peer_key_file=path))["msg"]
+    assert f"fabric key {path}: owner uid" in msg and "mode 0644" in msg and "it must be owned by uid" in msg
+    assert "k" * 48 not in msg
