@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "module_utils"))
 from llmfleet import peer, transfer  # noqa: E402
 
 REV = "e" * 40
+FABRIC_KEY = b"recv-cost-fabric-key-0123456789abcdef"  # every peer request proves it, as on nodes
 NAME = "model-00001-of-00001.safetensors"
 CHUNK = transfer.CHUNK
 
@@ -64,7 +65,7 @@ class Filling(Counting):
 
 
 def serve(mdir: str, manifest: dict, port: mp.Value) -> None:
-    state = peer.PeerState(mdir, REV, manifest, "seed")
+    state = peer.PeerState(mdir, REV, manifest, "seed", key=FABRIC_KEY)
     state.done = True
     server = peer.make_server(state, "127.0.0.1", 0)
     port.value = server.server_address[1]
@@ -141,7 +142,8 @@ def main() -> int:
                     got, reads = raw_waitall(port.value, size, dst)
                 else:
                     wrap = Counting if how == "peer, as staged now" else Filling
-                    with transfer.PeerSource(f"http://127.0.0.1:{port.value}").open(NAME) as resp:
+                    seed = transfer.PeerSource(f"http://127.0.0.1:{port.value}", key=FABRIC_KEY, me="recv")
+                    with seed.open(NAME) as resp:
                         src = wrap(resp)
                         got = transfer.copy_stream(src, dst, want, None, from_peer=True)
                         reads = src.reads

@@ -29,6 +29,7 @@ from llmfleet import stage, swarm  # noqa: E402
 from llmfleet.manifest import build_manifest  # noqa: E402
 
 REV = "f" * 40
+FABRIC_KEY = b"stage-fanout-fabric-key-0123456789abcdef"  # every peer request proves it, as on nodes
 GiB = 1024**3
 BLOCK = 16 * 1024 * 1024
 
@@ -100,7 +101,7 @@ def world(base: Path, src: Path, manifest: dict, hosts: list[str], *, peers: boo
                   "threads": threads}  # fmt: skip
         cfg_kw = {"source_dir": str(src), "lease_dir": str(base / "leases"), "max_source_readers": len(hosts),
                   "peers": urls, "seeds": seeds, "serve_bind": "127.0.0.1", "serve_port": ports[h] if peers else 0,
-                  "finish_wait": 600, "relay_fanout": fanout}  # fmt: skip
+                  "finish_wait": 600, "relay_fanout": fanout, "peer_key": FABRIC_KEY}  # fmt: skip
         cpus = list(range(i * pin, (i + 1) * pin)) if pin else None
         p = mp.Process(target=node, args=(h, req_kw, cfg_kw, q, cpus, tune))
         p.start()
