@@ -185,23 +185,14 @@ def add_scan_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_scan(args: argparse.Namespace) -> int:
     try:
-        if args.unit:
-            # This start's lines only (the unit's current invocation), not every start the journal kept.
-            inv = subprocess.run(["systemctl", "show", "-p", "InvocationID", "--value", args.unit],
-                                 capture_output=True, text=True, timeout=30, check=False).stdout.strip()  # fmt: skip
-            match = [f"_SYSTEMD_INVOCATION_ID={inv}"] if inv else ["-u", args.unit]
-            cp = subprocess.run(["journalctl", *match, "-o", "cat", "--no-pager"],
-                                capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-            if cp.returncode != 0:
-                print(f"llmfleet startscan: journalctl -u {args.unit}: {cp.stderr.strip()}", file=sys.stderr)
-                return 2
-            text = cp.stdout
+        if args.unit:  # this start's lines only (the unit's current invocation); a unit with none is an error
+            text = startscan.unit_journal(args.unit)
         elif args.file == "-":
-            text = sys.stdin.read()
+            text = startscan.require_text(sys.stdin.read(), "standard input")
         else:
             with open(args.file, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-    except OSError as e:
+                text = startscan.require_text(f.read(), args.file)
+    except (OSError, startscan.ScanInputError) as e:
         print(f"llmfleet startscan: {e}", file=sys.stderr)
         return 2
     findings = startscan.scan(text, args.engine)

@@ -181,6 +181,21 @@ def _samples(text: str):
         yield m.group(1), dict(_LABEL.findall(m.group(2) or "")), value
 
 
+def metrics_problem(text: str) -> str | None:
+    """Why a text is not a Prometheus /metrics exposition (None when it is): empty, or no `name value` sample line
+    at all (an HTML page, a log, a binary file). A counter that is negative, NaN or infinite is malformed too."""
+    if not text.strip():
+        return "is empty"
+    samples = list(_samples(text))
+    if not samples:
+        return "holds no Prometheus sample line (`name{labels} value`): not an engine's /metrics text"
+    for name, _, value in samples:
+        if name in VLLM_COUNTERS or name == VLLM_PER_POS:
+            if not math.isfinite(value) or value < 0:
+                return f"has {name} = {value}: a counter is a finite number >= 0"
+    return None
+
+
 def parse_metrics(text: str) -> dict[str, Any] | None:
     """The spec-decode figures in one /metrics text, or None when the engine exposes none (spec decoding off, or
     SGLang without --enable-metrics). vLLM: summed over engines; SGLang: the mean over schedulers."""
@@ -251,14 +266,29 @@ def summary(measured: dict[str, Any] | None, num_steps: int) -> str:
 # ---- `llmfleet specdecode` (module-level add_arguments / run: the shape cli.PLUGGED takes) --------------------------
 
 
+def _steps(text: str) -> int:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number (engine_speculative.num_steps, >= 1)"
+        ) from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: draft tokens per step is at least 1 (engine_speculative.num_steps)")
+    return n
+
+
 def add_arguments(p: Any) -> None:
     p.add_argument("source", metavar="URL|FILE", help="the engine's /metrics URL, a saved /metrics text, or - (stdin)")
-    p.add_argument("--steps", type=int, required=True, help="draft tokens per step (engine_speculative.num_steps)")
+    p.add_argument("--steps", type=_steps, required=True, help="draft tokens per step (engine_speculative.num_steps)")
     p.add_argument("--json", action="store_true", help="print the figures and the verdict as JSON")
 
 
 def run(args: Any) -> int:
-    """0 with the figures and the verdict (informational), 2 when the source cannot be read."""
+    """0 with the figures and the verdict (informational), 2 when the source cannot be read or is not a /metrics
+    text (empty, an HTML page, a malformed counter): that is no "not judged"."""
     import sys
     import urllib.request
 
@@ -271,8 +301,13 @@ def run(args: Any) -> int:
         else:
             with open(args.source, encoding="utf-8", errors="replace") as f:
                 text = f.read()
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a malformed URL (http://[x)
         print(f"llmfleet specdecode: {args.source}: {e}", file=sys.stderr)
+        return 2
+    bad = metrics_problem(text)
+    if bad:
+        print(f"llmfleet specdecode: {args.source} {bad}: give the engine's /metrics URL (http://HEAD:PORT/metrics) "
+              "or a file saved from it", file=sys.stderr)  # fmt: skip
         return 2
     measured = parse_metrics(text)
     if args.json:

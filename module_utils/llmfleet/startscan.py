@@ -338,3 +338,58 @@ def probe_libcuda() -> str | None:
             continue
         return libcuda_problem(text)
     return libcuda_problem("")
+
+
+# ---- what `llmfleet startscan` reads -------------------------------------------------------------------------------
+
+
+class ScanInputError(ValueError):
+    """The start-up log could not be read, or holds nothing: a scan of it would say "no fall-back line" having read
+    nothing. The message names the unit or file and the fix."""
+
+
+NO_ENTRIES = "-- No entries --"  # journalctl's answer for an empty selection
+
+
+def unit_journal(unit: str, run: Any = subprocess.run) -> str:
+    """The journal lines of the unit's current start (its InvocationID; the unit's whole journal when systemd has
+    none). ScanInputError when systemd does not know the unit, journalctl fails, or it gives no line (the unit has
+    not started, or this user may not read the journal)."""
+    try:
+        cp = run(["systemctl", "show", "-p", "LoadState", "-p", "InvocationID", unit],
+                 capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ScanInputError(f"--unit {unit}: cannot ask systemd about it ({e})") from None
+    props = dict(line.partition("=")[::2] for line in cp.stdout.splitlines() if "=" in line)
+    if cp.returncode != 0:
+        why = " ".join(cp.stderr.split())[:300] or f"systemctl exited {cp.returncode}"
+        raise ScanInputError(f"--unit {unit}: cannot ask systemd about it ({why}); scan a saved log file instead")
+    if props.get("LoadState") in (None, "", "not-found"):
+        why = f"LoadState={props.get('LoadState') or 'unknown'}"
+        raise ScanInputError(
+            f"--unit {unit}: systemd has no such unit ({why}): give the engine's unit, e.g. "
+            "llmfleet-<deployment>.service (systemctl list-units 'llmfleet-*'), or a saved log file"
+        )
+    inv = props.get("InvocationID", "").strip()
+    match = [f"_SYSTEMD_INVOCATION_ID={inv}"] if inv else ["-u", unit]
+    try:
+        cp = run(["journalctl", *match, "-o", "cat", "--no-pager", "-q"],
+                 capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ScanInputError(f"--unit {unit}: cannot read its journal ({e})") from None
+    if cp.returncode != 0:
+        raise ScanInputError(f"journalctl -u {unit}: {cp.stderr.strip() or f'exited {cp.returncode}'}")
+    if not cp.stdout.strip() or cp.stdout.strip() == NO_ENTRIES:
+        said = f" (journalctl: {cp.stderr.strip()[:200]})" if cp.stderr.strip() else ""
+        raise ScanInputError(
+            f"--unit {unit}: the journal holds no line of its current start{said}: read it as root or a member of "
+            "the systemd-journal group, or start the unit first"
+        )
+    return cp.stdout
+
+
+def require_text(text: str, what: str) -> str:
+    """The log text, or ScanInputError when it is empty (nothing scanned is no finding to report)."""
+    if not text.strip():
+        raise ScanInputError(f"{what} is empty: nothing to scan; give the engine's start-up log (or --unit UNIT)")
+    return text

@@ -177,12 +177,14 @@ def analyse(bundle_dir: str) -> dict[str, Any]:
     """The triage of an incident bundle (raises BundleError for a directory that is not one)."""
     nodes = scan(bundle_dir)
     warnings: list[str] = []
+    unreadable: list[str] = []  # files or units nothing could be read from: "no failure" cannot be said
     units: list[dict[str, Any]] = []
     for node, nd in nodes.items():
         ctx = _node_context(node, nd, warnings)
         for unit, files in sorted(nd["units"].items()):
             u = UnitAnalysis(node, unit, files, ctx).analyse()
             warnings.extend(u.pop("warnings"))
+            unreadable.extend(u.pop("unreadable"))
             units.append(u)
     deployments = _relate(units)
     causes = [u for u in units if u["failed"] and u["role"] in ("cause", "independent")]
@@ -198,7 +200,7 @@ def analyse(bundle_dir: str) -> dict[str, Any]:
         "schema": SCHEMA, "bundle": bundle_dir, "failed": any(u["failed"] for u in units),
         "first_failure": {k: first[k] for k in FIRST_KEYS} if first else None,
         "same_cause": [{"label": k[0], "error": k[1] or None, "units": v} for k, v in same.items() if len(v) > 1],
-        "deployments": deployments, "units": units, "warnings": warnings,
+        "deployments": deployments, "units": units, "warnings": warnings, "unreadable": unreadable,
     }  # fmt: skip
 
 
@@ -209,16 +211,22 @@ def _ref(e: dict[str, Any]) -> str:
     return f"{e['file']}:{e['line']}" if e.get("line") else e["file"]
 
 
+def _headline(report: dict[str, Any]) -> str:
+    ff, bad = report["first_failure"], report.get("unreadable")
+    if ff:
+        n = sum(u["failed"] for u in report["units"])
+        return f"FAILED: {n} unit(s) failed; first: {ff['node']} {ff['unit']}: {ff['label']} at {ff['at_iso']}"
+    if bad:
+        return (f"NOT JUDGED: no failure in what could be read, but {len(bad)} input(s) could not be read: "
+                f"{'; '.join(bad[:3])}")  # fmt: skip
+    return "NO FAILURE: every unit is running or was stopped on request"
+
+
 def render(report: dict[str, Any]) -> str:
     units = report["units"]
     nodes = sorted({u["node"] for u in units})
     out = [f"llmfleet why: {report['bundle']}: {len(nodes)} node(s), {len(units)} unit(s)"]
-    ff = report["first_failure"]
-    if ff:
-        n = sum(u["failed"] for u in units)
-        out.append(f"FAILED: {n} unit(s) failed; first: {ff['node']} {ff['unit']}: {ff['label']} at {ff['at_iso']}")
-    else:
-        out.append("NO FAILURE: every unit is running or was stopped on request")
+    out.append(_headline(report))
     for g in report["same_cause"]:
         err = f" ({g['error'][:120]})" if g["error"] else ""
         out.append(f"same cause on {len(g['units'])} units: {g['label']}{err}: {', '.join(g['units'])}")
@@ -267,7 +275,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`llmfleet why`: 0 no failure (running, or stopped on request), 1 a failure found, 2 not a bundle."""
+    """`llmfleet why`: 0 no failure (running, or stopped on request), 1 a failure found, 2 not a bundle, or no
+    failure found but part of it could not be read (a malformed record, an unreadable file, a unit with nothing)."""
     if not args.bundle:
         print(f"llmfleet why: give --bundle DIR, an incident bundle: {BUNDLE_LAYOUT}", file=sys.stderr)
         return 2
@@ -277,4 +286,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmfleet why: {e}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else render(report))
-    return 1 if report["failed"] else 0
+    if report["failed"]:
+        return 1
+    if report["unreadable"]:
+        print(f"llmfleet why: cannot say there was no failure: {'; '.join(report['unreadable'][:5])}. Fix or remove "
+              "those files, or collect the bundle again (llmfleet bundle -o DIR)", file=sys.stderr)  # fmt: skip
+        return 2
+    return 0

@@ -60,20 +60,54 @@ def read_text(path: str, warnings: list[str]) -> str | None:
         return None
 
 
-def load_records(paths: list[tuple[int, str]], rel: str, warnings: list[str]) -> list[dict[str, Any]]:
-    """Termination records, newest first (FILE, FILE.1, ...); "_file"/"_text" kept for evidence lines."""
+_NUMBER, _TEXT, _FLAG = (int, float), (str,), (bool,)
+# The record fields a verdict is read from (wrapper_record.termination_record writes them), and their JSON types
+# (null allowed): a record that has them wrong is malformed, never read as "no failure".
+RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "started_at": _NUMBER, "ended_at": _NUMBER, "stop_requested_at": _NUMBER, "ready_at": _NUMBER,
+    "exit_code": (int,), "failed_rank": (dict,), "verdict": _TEXT, "reason": _TEXT, "phase": _TEXT, "unit": _TEXT,
+    "stop_requested": _FLAG, "killed_after_timeout": _FLAG, "ready": _FLAG, "child": (dict,), "link": (dict,),
+    "oom_kill": (dict,), "tail": (list,),
+}  # fmt: skip
+
+
+def record_problem(rec: Any) -> str | None:
+    """Why a parsed termination record cannot be read (None when it can)."""
+    if not isinstance(rec, dict):
+        return "not a termination record (a JSON object)"
+    for key, types in RECORD_TYPES.items():
+        v = rec.get(key)
+        wrong = v is not None and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types))
+        if wrong:
+            return f"{key} is {v!r} ({type(v).__name__}), not {' or '.join(t.__name__ for t in types)}"
+    missing = [k for k in ("verdict", "ended_at") if rec.get(k) in (None, "")]
+    if missing:  # the wrapper writes both in every record: without them it says nothing of how the run ended
+        return f"not a whole termination record: no {' or '.join(missing)}"
+    return None
+
+
+def load_records(
+    paths: list[tuple[int, str]], rel: str, warnings: list[str], bad: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Termination records, newest first (FILE, FILE.1, ...); "_file"/"_text" kept for evidence lines. A record
+    that cannot be read or is malformed is left out, with a warning, and named in `bad`."""
+    bad = [] if bad is None else bad
     out = []
     for n, path in sorted(paths):
         text = read_text(path, warnings)
         if text is None:
+            bad.append(f"{path}: cannot read it")
             continue
         try:
             rec = json.loads(text)
         except ValueError as e:
             warnings.append(f"{path}: not valid JSON ({e}); left out")
+            bad.append(f"{path}: not valid JSON")
             continue
-        if not isinstance(rec, dict):
-            warnings.append(f"{path}: not a termination record (a JSON object); left out")
+        why = record_problem(rec)
+        if why:
+            warnings.append(f"{path}: {why}; left out")
+            bad.append(f"{path}: {why}")
             continue
         rec.update(_file=os.path.join(rel, os.path.basename(path)), _text=text, _n=n)
         out.append(rec)
@@ -110,13 +144,14 @@ class UnitAnalysis:
         self.node, self.unit, self.events = node, unit, ctx["events"]
         self.gpus, self.gpus_gone = ctx["gpus"], ctx["gpus_gone"]
         self.warnings: list[str] = []
-        self.show_text = (read_text(files["show"], self.warnings) or "") if files["show"] else ""
+        self.unreadable: list[str] = []  # what could not be read: never judged "no failure" from what is left
+        self.show_text = self._read(files["show"]) if files["show"] else ""
         self.show = parse_show(self.show_text)
         self.show_file = os.path.join(node, os.path.basename(files["show"])) if files["show"] else None
-        self.records = load_records(files["records"], node, self.warnings)
+        self.records = load_records(files["records"], node, self.warnings, self.unreadable)
         self.lines: list[Line] = []
         if files["journal"]:
-            text = read_text(files["journal"], self.warnings) or ""
+            text = self._read(files["journal"])
             self.lines, stats = parse_journal(text, os.path.join(node, os.path.basename(files["journal"])))
             if stats["lines"] and not stats["parsed"]:
                 self.warnings.append(
@@ -141,6 +176,12 @@ class UnitAnalysis:
             or ("llmfleet" in exec_start and " exec " in exec_start)
             or any(WRAPPER_END.match(ln.msg) for ln in self.lines)
         )
+
+    def _read(self, path: str) -> str:
+        text = read_text(path, self.warnings)
+        if text is None:
+            self.unreadable.append(f"{path}: cannot read it")
+        return text or ""
 
     def _cgroup(self) -> str:
         """ControlGroup= (empty once the unit is inactive), else where systemd puts it (Slice=; a template's
@@ -444,6 +485,9 @@ class UnitAnalysis:
                 f"{self.node} {self.unit}: no termination record (the wrapper was killed, or the "
                 "bundle has none): verdict from the journal, kernel log and systemctl show only"
             )
+        if main["verdict"] == "running" and not self.lines and not self.records and not show.get("ActiveState"):
+            self.unreadable.append(f"{self.node} {self.unit}: no journal line, termination record or ActiveState in "
+                                   "the bundle: nothing to judge it from")  # fmt: skip
         return {
             "node": self.node, "unit": self.unit, "launched_by_llmfleet": self.launched, "record": bool(self.records),
             **main,
@@ -452,5 +496,5 @@ class UnitAnalysis:
             "cgroup": self.cgroup, "role": role, "consequence_of": {"node": peer} if peer else None,
             "runs": [{"started_at": j["started_at_iso"], "ended_at": j["ended_at_iso"], "verdict": j["verdict"]}
                      for j in judged],
-            "warnings": self.warnings,
+            "warnings": self.warnings, "unreadable": self.unreadable,
         }  # fmt: skip

@@ -41,14 +41,18 @@ def run(stamp, *cmd):
 
 
 def test_once_per_fingerprint_and_a_failure_stops_the_start(tmp_path, capsys):
+    (tmp_path / "fp").mkdir()  # the fingerprint's cache directory (the engine role's)
     stamp = tmp_path / "fp" / "deep_gemm" / ".llmfleet-precompiled"
     assert run(stamp, sys.executable, "-c", "raise SystemExit(3)") == 3 and not stamp.exists()
     assert "exited 3" in capsys.readouterr().err
-    assert run(stamp, sys.executable, "-c", "print('compiled')") == 0 and stamp.exists()
+    # the compile makes its cache directory (DG_JIT_CACHE_DIR), the stamp goes in it
+    compile_ = f"import os; os.mkdir({str(stamp.parent)!r}); print('compiled')"
+    assert run(stamp, sys.executable, "-c", compile_) == 0 and stamp.exists()
     assert run(stamp, "/nonexistent/python") == 0  # done for this fingerprint: not run again
     assert "already done for this fingerprint" in capsys.readouterr().out
     assert run(tmp_path / "other" / "stamp", "/nonexistent/python") == 2
     assert "cannot run /nonexistent/python" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()  # no directory is made for a stamp
 
 
 def test_the_unit_compiles_before_the_engine_as_the_engine_user(tmp_path):
