@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device run (the lent one-GPU machine): the roles themselves, through ansible-playbook, against the machine as
 # one llmfleet node (ansible_connection local, inventory/device-h200): the fleet contract, preflight, base,
-# topology, model_stage (a real stage of a checkpoint written on its disk, then a second run that re-hashes every
-# byte), the NCCL check on the GPU with the machine's torch, `llmfleet fit` against the real GPU memory, and the
+# topology, model_stage (a real stage of a checkpoint written on its disk, a second run that re-hashes every byte,
+# then a byte flipped in the published weights found and repaired), the NCCL check on the GPU with the machine's torch, `llmfleet fit` against the real GPU memory, and the
 # deployment report. Engine and acceptance do not run: the machine has no systemd for the engine's units and no
 # engine (SGLang/vLLM) to serve; the script says so in its log.
 #
@@ -163,9 +163,21 @@ if ! grep -qE ' : ok=[0-9]+ +changed=0 ' "$out/site-again.log"; then
   fails+=("site-again (a second run changed something)"); grep -E '^changed:' -B3 "$out/site-again.log" | head -30
 fi
 
+# 6b. A byte of the published weights flipped on disk (a disk or filesystem fault): the staging play with
+# model_stage_deep_verify must find it and repair the revision, whose file then matches the source again.
+model=$(readlink -f "$work/nvme/models/det-llama/current")
+want=$(sha256sum "$work/shared/det-llama/model.safetensors" | cut -d' ' -f1)
+"$py" -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(1 << 20); b = f.read(1); f.seek(1 << 20); f.write(bytes([b[0] ^ 1]))' \
+  "$model/model.safetensors"
+step stage-repair play playbooks/model_stage.yml -e model_stage_deep_verify=true
+model=$(readlink -f "$work/nvme/models/det-llama/current")
+got=$(sha256sum "$model/model.safetensors" | cut -d' ' -f1)
+stamp "after the repair: model.safetensors sha256 $got, source $want"
+grep -qE ' : ok=[0-9]+ +changed=[1-9]' "$out/stage-repair.log" || fails+=("stage-repair (no change reported)")
+[ "$got" = "$want" ] || fails+=("stage-repair (the staged file still differs from the source)")
+
 # 7. llmfleet fit on the staged revision, against the GPU's real memory (nvidia-smi memory.total), with the CLI
 # the base role installed.
-model=$(readlink -f /var/tmp/llmfleet-device/nvme/models/det-llama/current)
 step fit-vllm /usr/local/bin/llmfleet fit "$model" --engine vllm --tp 1 --max-model-len 2048 --max-seqs 64 --json
 step fit-sglang /usr/local/bin/llmfleet fit "$model" --engine sglang --tp 1 --mem-fraction 0.85 --max-model-len 2048
 # One request of 20M tokens (152 GiB of KV) no H200 holds: fit must say no (exit 1) from the same memory figure.
