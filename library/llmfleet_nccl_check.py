@@ -386,8 +386,10 @@ def node_result(spec: dict, python: str) -> dict:
     except EngineEnvError as e:  # root will not run it: the message names the path, its owner and the fix
         return {"failed": True, "changed": False, "msg": f"{os.uname().nodename}: {e}"}
     except OSError as e:  # the engine's Python (or numactl) cannot be started
+        who = (f" as {spec['run_as']} (the engine's account: it must be able to run it, as the engine does)"
+               if spec.get("run_as") and os.geteuid() == 0 else "")  # fmt: skip
         return {"failed": True, "changed": False,
-                "msg": f"cannot start the NCCL check ranks with {python}: {e}; check llmfleet_engine_python"}  # fmt: skip
+                "msg": f"cannot start the NCCL check ranks with {python}{who}: {e}; check llmfleet_engine_python"}  # fmt: skip
     ranks = worlds[0]
     more = {"then_ranks": worlds[1], "then_ok": all(r.get("ok") for r in worlds[1])} if "then" in spec else {}
     return {"changed": False, "ranks": ranks, "ok": all(r.get("ok") for r in ranks), **more}

@@ -71,7 +71,8 @@ def _run(argv: list[str], timeout: float, *, engine: bool = False, run_as: str |
     except FileNotFoundError:
         return 127, f"{argv[0]}: not found"
     except PermissionError:
-        return 126, f"{argv[0]}: not executable"
+        who = f" by the engine's account {run_as} (every directory above it must be searchable by it)" if run_as else ""
+        return 126, f"{argv[0]}: not executable{who}"
     except subprocess.TimeoutExpired:
         return 124, f"{' '.join(argv[:3])} did not finish within {timeout:.0f} s"
     return p.returncode, p.stdout + p.stderr

@@ -141,6 +141,17 @@ def test_the_nccl_check_refuses_root_ranks_from_a_python_another_account_owns(pu
     assert run_node_ranks(spec(py, run_as="nobody"))[0]["uid"] == NOBODY.pw_uid
 
 
+def test_an_engine_account_that_cannot_reach_the_python_is_named(public_dir):
+    import llmfleet_nccl_check as mod
+
+    py = rank_python(public_dir)
+    (public_dir / "venv").chmod(0o700)  # root's own: the engine's account cannot search it
+    res = mod.node_result(spec(py, run_as="nobody"), str(py))
+    assert res["failed"] and "as nobody (the engine's account: it must be able to run it" in res["msg"]
+    with pytest.raises(PlanError, match="not executable by the engine's account nobody"):
+        help_text([str(py)], "custom", 30, run_as="nobody")
+
+
 def test_preflight_reads_nccl_as_the_engine_account(public_dir):
     py = venv(public_dir / "venv", "#!/bin/sh\nid -u\n")
     assert preflight.engine_nccl(str(py), "nobody") == str(NOBODY.pw_uid)
