@@ -306,15 +306,16 @@ def test_exec_start_pre_copy_never_writes_as_root_into_the_runtime_directory(tmp
     (run / "api-key").symlink_to(victim)
     os.lchown(run / "api-key", 65534, 65534)
     for pre in pres:
-        line = pre.replace("/run/llmfleet-demo", str(run)).replace("/etc/llmfleet/credentials", str(creds))
-        argv = shlex.split(line)  # systemd's unquoting of these words is the shell's
-        assert argv[:2] == ["/bin/sh", "-c"]
+        argv = systemd_words(pre)
+        assert argv[:2] == ["/bin/sh", "-c"] and argv[3:6] == ["sh", "nobody", "nogroup"]
         # The privileged shell only opens the credential (<) and drops to the engine user for the write.
         outer = argv[2]
         assert (
-            outer.startswith("exec setpriv --reuid=nobody --regid=nogroup --init-groups ")
-            and " > " not in outer.split('"')[0]
+            outer.startswith('exec setpriv --reuid="$1" --regid="$2" --init-groups ')
+            and " > " not in outer.split("'")[0]
         )
+        argv[6] = argv[6].replace("/run/llmfleet-demo", str(run))
+        argv[7] = argv[7].replace("/etc/llmfleet/credentials", str(creds))
         subprocess.run(argv, check=True, timeout=30)
     assert victim.read_text() == "root data\n" and stat.S_IMODE(victim.stat().st_mode) == 0o644
     assert victim.stat().st_uid == 0
@@ -322,6 +323,41 @@ def test_exec_start_pre_copy_never_writes_as_root_into_the_runtime_directory(tmp
         st = (run / name).lstat()
         assert stat.S_ISREG(st.st_mode) and st.st_uid == 65534 and stat.S_IMODE(st.st_mode) == 0o400
         assert (run / name).read_text() == value
+
+
+def systemd_words(line):
+    """The words systemd makes of an Exec line: its quoting is the shell's (double quotes, backslash escapes),
+    then $$ and %% stand for $ and % (no variable or specifier is left to expand in our lines)."""
+    return [w.replace("$$", "$").replace("%%", "%") for w in shlex.split(line)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: runs the privileged ExecStartPre")
+def test_a_hostile_credentials_path_stays_one_argument_of_the_root_shell(tmp_path, request):
+    """Before: `< {{ path }}` sat unquoted inside the root shell's text, so a credentials directory with a space,
+    a quote or `;` ran its remainder as root; now every value is an argument of its own."""
+    top = Path(tempfile.mkdtemp(prefix="llmfleet-test-"))
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    top.chmod(0o755)
+    canary = top / "canary"
+    creds = top / "cred dir 'q' \"d\"; touch canary; $(touch canary) `touch canary` %h"
+    rc, out, d = play(tmp_path, llmfleet_api_key=KEY, engine_credential_via="exec_start_pre",
+                      engine_credentials_dir=str(creds), llmfleet_user="nobody", llmfleet_group="nogroup")  # fmt: skip
+    assert rc == 0, out[-3000:]
+    (pre,) = re.findall(r"^ExecStartPre=\+(.*)$", results(d)[1], re.M)
+    argv = systemd_words(pre)
+    assert argv[3:] == ["sh", "nobody", "nogroup", "/run/llmfleet-demo/api-key", f"{creds}/demo.api-key"], argv
+    creds.mkdir(mode=0o700)
+    (creds / "demo.api-key").write_text(KEY)
+    run = top / "run"
+    run.mkdir()
+    os.chown(run, 65534, 65534)
+    argv[6] = str(run / "api-key")
+    subprocess.run(argv, check=True, timeout=30, cwd=top)  # a command run from the path would touch top/canary
+    assert (run / "api-key").read_text() == KEY
+    assert not canary.exists()
+    for tmpl in ("engine.service.j2", "engine-router.service.j2"):  # no other shell line built from text there
+        text = (ROLE / "templates" / tmpl).read_text()
+        assert "sh -c" not in text.replace("'/bin/sh', '-c'", ""), tmpl
 
 
 # ---------------------------------------------------------------------------------------------
