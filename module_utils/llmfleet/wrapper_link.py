@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import fabric_key as fk
+from .fabric_key import head_proof, is_nonce, is_token, line_tag, nonce, same, session_key, worker_proof
 
 # EX_TEMPFAIL: stopped because a peer failed; Restart=on-failure restarts the node with the others.
 EXIT_PEER_FAILED = 75
@@ -78,7 +78,7 @@ class _Conn:
             if self.closed:
                 return False
             if self.session is not None:
-                line = f"{line} {fk.line_tag(self.session, self.me, self.sent, line)}"
+                line = f"{line} {line_tag(self.session, self.me, self.sent, line)}"
                 self.sent += 1
             try:
                 self.sock.sendall((line + "\n").encode("ascii", "replace"))
@@ -103,7 +103,7 @@ class _Conn:
         if self.session is None:
             return text
         body, _, tag = text.rpartition(" ")
-        if not fk.same(tag, fk.line_tag(self.session, self.other, self.received, body)):
+        if not same(tag, line_tag(self.session, self.other, self.received, body)):
             self.forged = True
             return None
         self.received += 1
@@ -138,7 +138,7 @@ class DeploymentLink:
             raise ValueError("a link end is either the head (listen) or a worker (head)")
         if not key:
             raise ValueError("the deployment link needs the deployment's fabric key")
-        if not fk.is_token(node):
+        if not is_token(node):
             raise ValueError(f"link node name {node!r}: letters, digits and _.@:- only")
         self.key = key
         self.refused = 0  # connections that failed the handshake (strangers, another deployment's key)
@@ -203,19 +203,19 @@ class DeploymentLink:
 
     def _worker_handshake(self, conn: _Conn) -> str | None:
         """Prove the key to the head and make it prove it first; the problem, or None (conn is authenticated)."""
-        mine = fk.nonce()
+        mine = nonce()
         conn.send(f"HELLO {self.node} {mine}")
         words = (conn.readline() or "").split(" ")
-        if len(words) != 3 or words[0] != "CHALLENGE" or not fk.is_nonce(words[1]):
+        if len(words) != 3 or words[0] != "CHALLENGE" or not is_nonce(words[1]):
             return f"no challenge from the head's wrapper (got {' '.join(words)[:60]!r}): an older llmfleet there?"
         theirs, proof = words[1], words[2]
-        if not fk.same(proof, fk.head_proof(self.key, self.node, mine, theirs)):
+        if not same(proof, head_proof(self.key, self.node, mine, theirs)):
             return (
                 "the listener did not prove the deployment's fabric key: not this deployment's head (another "
                 "deployment's, or a stranger on the fabric), or the key differs (rerun the play on every node)"
             )
-        conn.send(f"AUTH {fk.worker_proof(self.key, self.node, mine, theirs)}")
-        conn.authenticated(fk.session_key(self.key, self.node, mine, theirs), "w")
+        conn.send(f"AUTH {worker_proof(self.key, self.node, mine, theirs)}")
+        conn.authenticated(session_key(self.key, self.node, mine, theirs), "w")
         return None
 
     def _thread(self, fn: Callable[..., None], *args: Any) -> None:
@@ -236,16 +236,16 @@ class DeploymentLink:
     def _head_handshake(self, conn: _Conn) -> tuple[str | None, str]:
         """(the node that proved the key, "") or (None, why it was refused)."""
         words = (conn.readline() or "").split(" ")
-        if len(words) != 3 or words[0] != "HELLO" or not fk.is_token(words[1]) or not fk.is_nonce(words[2]):
+        if len(words) != 3 or words[0] != "HELLO" or not is_token(words[1]) or not is_nonce(words[2]):
             return None, f"no valid HELLO (got {' '.join(words)[:60]!r})"
-        name, theirs, mine = words[1], words[2], fk.nonce()
-        conn.send(f"CHALLENGE {mine} {fk.head_proof(self.key, name, theirs, mine)}")
+        name, theirs, mine = words[1], words[2], nonce()
+        conn.send(f"CHALLENGE {mine} {head_proof(self.key, name, theirs, mine)}")
         words = (conn.readline() or "").split(" ")
         if len(words) != 2 or words[0] != "AUTH":
             return None, f"{name!r} did not answer the challenge"
-        if not fk.same(words[1], fk.worker_proof(self.key, name, theirs, mine)):
+        if not same(words[1], worker_proof(self.key, name, theirs, mine)):
             return None, f"{name!r} did not prove the deployment's fabric key (a stranger, or another deployment's key)"
-        conn.authenticated(fk.session_key(self.key, name, theirs, mine), "h")
+        conn.authenticated(session_key(self.key, name, theirs, mine), "h")
         return name, ""
 
     def _head_reader(self, conn: _Conn, peer: str) -> None:
