@@ -15,6 +15,7 @@ Stdlib only, Python >= 3.8 (copied to nodes).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import os
@@ -106,7 +107,8 @@ class RequestGuard:
             raise ValueError("a peer server needs the deployment's fabric key")
         self.key = key
         self.fresh_s = fresh_s
-        self._seen: dict[str, float] = {}
+        self._seen: set[str] = set()  # nonces accepted in the last 2 * fresh_s ...
+        self._expiry: collections.deque = collections.deque()  # ... and when each leaves it, oldest first
         self._lock = threading.Lock()
 
     def check(self, header: str | None, method: str, target: str, now: float | None = None) -> str:
@@ -129,11 +131,12 @@ class RequestGuard:
                 f"{self.fresh_s:g} s): a replayed request, or the nodes' clocks disagree (sync them with NTP)"
             )
         with self._lock:
-            if len(self._seen) > 4096:
-                self._seen = {k: v for k, v in self._seen.items() if v > t}
+            while self._expiry and self._expiry[0][0] <= t:  # only requests with the key get here: no flood
+                self._seen.discard(self._expiry.popleft()[1])
             if n in self._seen:
                 raise Refused("a nonce seen before (a replayed request)")
-            self._seen[n] = t + 2 * self.fresh_s
+            self._seen.add(n)
+            self._expiry.append((t + 2 * self.fresh_s, n))
         return node
 
 

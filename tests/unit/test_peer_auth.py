@@ -128,3 +128,13 @@ def test_key_file_must_be_private(tmp_path):
     f.write_text("short")
     with pytest.raises(fabric_key.FabricKeyError, match="at least 32"):
         fabric_key.load_key_file(str(f))
+
+
+def test_the_replay_cache_holds_only_the_freshness_window():
+    """A long staging run signs many requests: the cache keeps each nonce for 2 x FRESH_S, then forgets it."""
+    guard = fabric_key.RequestGuard(KEY)
+    t0 = time.time()
+    for i in range(3000):
+        now = t0 + i * 0.5  # a request every half second for 25 min
+        guard.check(fabric_key.sign_request(KEY, "n2", "GET", "/status", now=now), "GET", "/status", now=now)
+    assert len(guard._seen) <= 2 * fabric_key.FRESH_S / 0.5 + 1
