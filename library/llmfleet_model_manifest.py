@@ -26,6 +26,15 @@ options:
     description: Model directory on shared storage.
     type: path
     required: true
+  source_allow_links_into:
+    description:
+      - Directories outside I(source) that a link in the source may point into. A link whose target leaves the source and
+        these directories is refused (the task fails naming the link and where it points), as is anything but a regular file
+        (a FIFO, socket or device), since staging copies as root, leaves the files readable by every user and serves
+        them to peers. Links within the source always work (a hub-cache snapshot's links into C(../../blobs)).
+    type: list
+    elements: path
+    default: []
   model:
     description: Model name (directory name under the staging root).
     type: str
@@ -173,6 +182,7 @@ def argument_spec() -> dict:
     """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
     return {
         "source": {"type": "path", "required": True},
+        "source_allow_links_into": {"type": "list", "elements": "path", "default": []},
         "model": {"type": "str", "required": True},
         "revision": {"type": "str", "required": True},
         "cache_dir": {"type": "path", "required": True},
@@ -200,13 +210,16 @@ def run(module: AnsibleModule) -> None:
         )
     try:
         src = resolve_source(p["source"], p["revision"])
+        allow = p["source_allow_links_into"]
 
         def build():
             lease = Lease(p["lease_dir"], p["max_source_readers"], host=socket.gethostname(), label="manifest")
             lease.acquire(p["lease_timeout"])
             try:
                 check = lease_check(lease, socket.gethostname())
-                return build_manifest(src, threads=p["threads"], revision=p["revision"], check=check)
+                return build_manifest(
+                    src, threads=p["threads"], revision=p["revision"], check=check, allow_links_into=allow
+                )
             finally:
                 lease.release()
 
@@ -218,10 +231,14 @@ def run(module: AnsibleModule) -> None:
             build=build,
             check_mode=module.check_mode,
             expected_sha256=p["expected_sha256"],
+            allow_links_into=allow,
         )
     except (StageError, LeaseTimeout, OSError, ValueError) as e:  # ValueError: a malformed manifest file
         module.fail_json(msg=f"{socket.gethostname()}: manifest of {p['model']}@{p['revision']}: {e}")
-    manifest = got["manifest"] or stat_manifest(src)
+    try:
+        manifest = got["manifest"] or stat_manifest(src, p["source_allow_links_into"])
+    except (StageError, OSError) as e:
+        module.fail_json(msg=f"{socket.gethostname()}: manifest of {p['model']}@{p['revision']}: {e}")
     result = {
         "changed": got["origin"] in ("built", "shipped", "would build"),
         "manifest_path": got["path"],

@@ -28,6 +28,15 @@ options:
     description: Directory of the revision on shared storage (resolved like M(llmfleet_model_manifest)).
     type: path
     required: true
+  source_allow_links_into:
+    description:
+      - Directories outside I(source) that a link in the source may point into. A link whose target leaves the source and
+        these directories is refused (the task fails naming the link and where it points), as is anything but a regular file
+        (a FIFO, socket or device), since staging copies as root, leaves the files readable by every user and serves
+        them to peers. Links within the source always work (a hub-cache snapshot's links into C(../../blobs)).
+    type: list
+    elements: path
+    default: []
   manifest_path:
     description: Manifest from M(llmfleet_model_manifest) (not needed in check mode).
     type: path
@@ -359,6 +368,7 @@ def argument_spec() -> dict:
     """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
     return {
         "source": {"type": "path", "required": True},
+        "source_allow_links_into": {"type": "list", "elements": "path", "default": []},
         "manifest_path": {"type": "path"},
         "manifest_sha256": {"type": "str"},
         "root": {"type": "path", "default": "/mnt/nvme/models"},
@@ -419,7 +429,7 @@ def run(module: AnsibleModule) -> None:
                     "storage since (a node or user can write there); rerun, and find who writes it"
                 )
         elif module.check_mode:
-            manifest = stat_manifest(src)
+            manifest = stat_manifest(src, p["source_allow_links_into"])
         else:
             module.fail_json(
                 msg=f"{host}: manifest_path {p['manifest_path']!r} missing: run llmfleet_model_manifest first"
@@ -455,6 +465,7 @@ def run(module: AnsibleModule) -> None:
         cfg = SwarmConfig(
             me=p["me"],
             source_dir=src,
+            source_allow_links_into=p["source_allow_links_into"],
             lease_dir=p["lease_dir"],
             max_source_readers=p["max_source_readers"],
             peers=p["peers"],

@@ -147,6 +147,7 @@ def _cmd_checkpoint_verify(args: argparse.Namespace) -> int:
 
 def _cmd_checkpoint_manifest(args: argparse.Namespace) -> int:
     from .manifest import build_manifest
+    from .stage_errors import StageError
 
     if not os.path.isdir(args.dir):
         return _usage_error("checkpoint manifest", f"{args.dir}: not a directory (give the one holding config.json)")
@@ -155,8 +156,8 @@ def _cmd_checkpoint_manifest(args: argparse.Namespace) -> int:
         return _usage_error("checkpoint manifest", problem)
     try:
         manifest = build_manifest(args.dir, threads=args.threads, revision=args.revision)
-    except OSError as e:
-        print(f"llmfleet checkpoint manifest: {_read_error(e)}", file=sys.stderr)
+    except (OSError, StageError) as e:  # StageError: a link out of the source, a FIFO or device in it
+        print(f"llmfleet checkpoint manifest: {_read_error(e) if isinstance(e, OSError) else e}", file=sys.stderr)
         return 1
     text = json.dumps(manifest, indent=2) + "\n"
     if not args.output:

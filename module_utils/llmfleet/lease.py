@@ -62,6 +62,14 @@ Files: one record per acquire, renewal and release, collected ``gc_after`` after
 (about a dozen per busy slot with the defaults), plus ``tmp-*`` names that live for one write.
 Every acquire/release/takeover/loss is appended to ``readers.log`` (JSON lines) so operators and
 tests can see the real read fan-out.
+
+Other accounts may write the lease directory (shared storage every node, or every squashed user, can
+write): the directory is opened once without following a link another user could plant
+(safefs.open_dir: a symlinked ``leases`` is refused with an error naming it) and every file operation
+then goes through that directory fd; every open is O_NOFOLLOW | O_NONBLOCK and only regular files
+are read or appended to, so a planted link is never written through or deleted through, and a
+planted FIFO (as ``readers.log`` or a record) is skipped at once: staging never hangs on this
+directory.
 """
 
 from __future__ import annotations
@@ -79,6 +87,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
+
+from . import safefs
 
 _RECORD = re.compile(r"slot-(\d+)(?:\.(\d+))?$")
 _LEGACY = -1  # pseudo record number of a former-format ``slot-<i>`` file
@@ -114,11 +124,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _read(path: str) -> dict[str, Any] | None:
+_O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_O_LOG = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _read(path: str, dir_fd: int | None = None) -> dict[str, Any] | None:
     """A record's content, or None when absent or not a record. Other users may write the lease
     directory: never follow a planted link or block on a planted FIFO."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, _O_READ, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -187,15 +201,36 @@ class Lease:
         self._lock = threading.Lock()  # heartbeat vs check() vs release()
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
+        self._dfd = -1  # the lease directory, opened once (_fd)
+
+    def _fd(self) -> int:
+        """The lease directory's fd: created if missing, never reached through a link another user could
+        have planted (a symlinked ``leases`` is refused: safefs.UnsafePathError, an OSError)."""
+        if self._dfd < 0:
+            try:
+                self._dfd = safefs.open_dir(os.path.abspath(self.dir), create_mode=0o755)
+            except safefs.UnsafePathError as e:
+                raise safefs.UnsafePathError(f"lease directory (model_stage_lease_dir): {e}") from None
+        return self._dfd
+
+    def close(self) -> None:
+        """Close the lease directory's fd (reopened on the next use)."""
+        if self._dfd >= 0:
+            os.close(self._dfd)
+            self._dfd = -1
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def _name(self, slot: int, n: int) -> str:
+        return f"slot-{slot}.{n}"
 
     # -- records -----------------------------------------------------------------------------------
-    def _path(self, slot: int, n: int) -> str:
-        return os.path.join(self.dir, f"slot-{slot}.{n}")
-
     def _scan(self) -> dict[int, list[int]]:
         """Record numbers per slot, ascending (_LEGACY first where a former-format file exists)."""
         out: dict[int, list[int]] = {}
-        for name in os.listdir(self.dir):
+        for name in os.listdir(self._fd()):
             m = _RECORD.match(name)
             if m:
                 out.setdefault(int(m[1]), []).append(_LEGACY if m[2] is None else int(m[2]))
@@ -210,11 +245,12 @@ class Lease:
             {"slot": slot, "n": n, "state": state, "host": self.host, "pid": os.getpid(), "token": self.token,
              "label": self.label, "acquired": self.acquired_at or now, "t": now, "expires": now + self.ttl, **extra}
         ).encode()  # fmt: skip
+        dfd = self._fd()
         for _ in range(5):
-            tmp = os.path.join(self.dir, f"tmp-{self.token}-{uuid.uuid4().hex[:12]}")
+            tmp = f"tmp-{self.token}-{uuid.uuid4().hex[:12]}"
             try:
                 # O_EXCL|O_NOFOLLOW: never write through something planted at the name.
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                fd = os.open(tmp, safefs.O_NEW_FILE, 0o644, dir_fd=dfd)
                 break
             except FileExistsError:
                 continue
@@ -228,12 +264,12 @@ class Lease:
             finally:
                 os.close(fd)
             try:
-                os.link(tmp, self._path(slot, n))
+                os.link(tmp, self._name(slot, n), src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
                 return True
             except OSError as e:
                 # NFS: a retransmitted LINK whose reply was lost fails although the first one worked.
                 with contextlib.suppress(OSError):
-                    if os.stat(tmp).st_nlink == 2:
+                    if os.stat(tmp, dir_fd=dfd, follow_symlinks=False).st_nlink == 2:
                         return True
                 if e.errno == errno.EEXIST:
                     return False
@@ -246,7 +282,7 @@ class Lease:
                 raise
         finally:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dfd)
 
     def _stale(self, slot: int, n: int, info: dict[str, Any] | None) -> str | None:
         """Why record n (the newest of its slot) may be superseded by a contender, or None."""
@@ -278,7 +314,7 @@ class Lease:
         known = self._known.get(slot)
         if known and known[0] == n:
             return known[1]
-        info = _read(self._path(slot, n))
+        info = _read(self._name(slot, n), self._fd())
         if info is not None:
             self._known[slot] = (n, info)
         return info
@@ -286,13 +322,13 @@ class Lease:
     def try_acquire(self) -> bool:
         if self.slot is not None:
             raise RuntimeError(f"{self.dir}: this lease already holds slot {self.slot}")
-        os.makedirs(self.dir, exist_ok=True)
+        self._fd()  # created if missing; a symlinked lease directory is refused
         view = time.monotonic()
         records = self._scan()
         for i in range(self.cap):
             ns = records.get(i, [])
             if ns and ns[0] == _LEGACY:
-                legacy = _read(os.path.join(self.dir, f"slot-{i}"))
+                legacy = _read(f"slot-{i}", self._fd())
                 if legacy and _num(legacy.get("expires"), 0) > time.time():
                     continue  # a live lease of the former format
                 ns = ns[1:]
@@ -300,7 +336,7 @@ class Lease:
             if ns:
                 n = ns[-1]
                 info = self._record(i, n)
-                if info is None and not os.path.lexists(self._path(i, n)):
+                if info is None and safefs.lstat_at(self._fd(), self._name(i, n)) is None:
                     continue  # collected since the listing: the listing is old, look again later
                 why = self._stale(i, n, info)
                 if why is None:
@@ -372,7 +408,7 @@ class Lease:
             self._written = written
             self._gc(self.slot)
             return
-        taker = _read(self._path(self.slot, self.gen + 1))
+        taker = _read(self._name(self.slot, self.gen + 1), self._fd())
         self._lose(f"taken over by {_who(taker)} at {_when(taker.get('t') if taker else None)}", taker)
 
     def _heartbeat(self) -> None:
@@ -424,9 +460,10 @@ class Lease:
                 if freed:
                     self._gc(slot)
                 else:
-                    taker = _read(self._path(slot, self.gen + 1))
+                    taker = _read(self._name(slot, self.gen + 1), self._fd())
                     self._lose(f"taken over by {_who(taker)} at {_when(taker.get('t') if taker else None)}", taker)
             self.slot, self.gen, self.acquired_at = None, -1, 0.0
+            self.close()
 
     def holders(self) -> list[dict[str, Any] | None]:
         """Per slot, the newest record when it is a holding (possibly stale), else None."""
@@ -437,9 +474,9 @@ class Lease:
         out: list[dict[str, Any] | None] = []
         for i in range(self.cap):
             ns = records.get(i, [])
-            info = _read(self._path(i, ns[-1])) if ns and ns[-1] != _LEGACY else None
+            info = _read(self._name(i, ns[-1]), self._fd()) if ns and ns[-1] != _LEGACY else None
             if info is None and ns and ns[0] == _LEGACY:
-                info = _read(os.path.join(self.dir, f"slot-{i}"))
+                info = _read(f"slot-{i}", self._fd())
                 info = info if info and _num(info.get("expires"), 0) > time.time() else None
             out.append(info if info and info.get("state") != "released" else None)
         return out
@@ -449,27 +486,28 @@ class Lease:
         with contextlib.suppress(OSError):
             cutoff = time.time() - self.gc_after
             ns = [n for n in self._scan().get(slot, []) if n != _LEGACY]
+            dfd = self._fd()
             for old, newer in itertools.pairwise(ns):
-                info = _read(self._path(slot, newer))
+                info = _read(self._name(slot, newer), dfd)
                 if info is None or _num(info.get("t"), cutoff) >= cutoff:
                     break  # records are created in order: the rest are younger
-                os.unlink(self._path(slot, old))
-            for name in os.listdir(self.dir):
+                os.unlink(self._name(slot, old), dir_fd=dfd)  # the name itself: a link, never its target
+            for name in os.listdir(dfd):
                 if name.startswith("tmp-"):
-                    p = os.path.join(self.dir, name)
                     with contextlib.suppress(OSError):
-                        if os.lstat(p).st_mtime < cutoff:
-                            os.unlink(p)
+                        if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime < cutoff:
+                            os.unlink(name, dir_fd=dfd)
 
     def _log(self, event: str, **kw: Any) -> None:
         rec = {"t": time.time(), "event": event, "host": self.host, "pid": os.getpid(), "label": self.label,
                "token": self.token, **kw}  # fmt: skip
         with contextlib.suppress(OSError):
-            # O_NOFOLLOW: a readers.log planted as a link to a system file must not get root's lines.
-            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-            fd = os.open(os.path.join(self.dir, "readers.log"), flags, 0o644)
+            # O_NOFOLLOW: a readers.log planted as a link to a system file must not get root's lines;
+            # O_NONBLOCK and regular files only: one planted as a FIFO is skipped, never waited on.
+            fd = os.open("readers.log", _O_LOG, 0o644, dir_fd=self._fd())
             try:
-                os.write(fd, (json.dumps(rec) + "\n").encode())
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.write(fd, (json.dumps(rec) + "\n").encode())
             finally:
                 os.close(fd)
 

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,8 +38,9 @@ SMALL_FILE = 16 * 1024 * 1024
 SHA256_LISTS = ("SHA256SUMS", "SHA256SUMS.txt", "sha256sums.txt", "checksums.sha256")
 
 
-def sha256_file(path: str, chunk: int = HASH_CHUNK, check: Callable[[], None] | None = None) -> str:
-    """sha256 hex of a file; check() runs before every chunk read (a lost reader lease stops it)."""
+def sha256_file(path: str | int, chunk: int = HASH_CHUNK, check: Callable[[], None] | None = None) -> str:
+    """sha256 hex of a file (a path, or an open fd, which is closed); check() runs before every chunk read
+    (a lost reader lease stops it)."""
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
         while True:
@@ -59,15 +61,115 @@ def revision_from_path(directory: str) -> str | None:
     return None
 
 
-def list_files(directory: str) -> list[str]:
-    """Relative paths of the revision's files (symlinks followed, as in hub snapshots), sorted.
-    Hidden entries (.cache, .git, .llmfleet-*) are not part of a revision."""
+def source_bounds(directory: str, allow_links_into: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The real directories a source file may resolve into: the source itself (for a hub-cache snapshot,
+    its repo dir, whose blobs/ the snapshot links to) and the directories the inventory allows
+    (model_stage_source_allow_links_into). A link out of these is refused: staging would copy its target as
+    root, read-only for every user, and serve it to peers."""
+    bounds = [os.path.realpath(directory)]
+    if revision_from_path(directory):
+        bounds.append(os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(directory)))))
+    bounds += [os.path.realpath(a) for a in allow_links_into]
+    return bounds
+
+
+def _inside(real: str, bounds: list[str]) -> bool:
+    return any(real == b or real.startswith(b.rstrip("/") + "/") for b in bounds)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory")):  # fmt: skip
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _escape_error(directory: str, rel: str, target: str) -> StageError:
+    return StageError(
+        f"source {directory}: {rel} is a link to {target}, outside the source: staging copies a file as root, "
+        "leaves it readable by every user on the node and serves it to peers, so a link out of the source is "
+        f"refused. Replace {rel} with the file itself (or remove it); if the revision's files really live in "
+        f"{os.path.dirname(target)}, allow that directory with model_stage_source_allow_links_into"
+    )
+
+
+def check_source_file(
+    directory: str, rel: str, bounds: list[str], *, missing_ok: bool = False
+) -> os.stat_result | None:
+    """The stat of the source file ``rel`` when staging may read it: a regular file whose real path
+    (every link resolved) stays within ``bounds`` (source_bounds); else StageError naming it, where it
+    points and the fix. With missing_ok, a missing file is None (the caller reports it)."""
+    path = os.path.join(directory, rel)
+    try:
+        os.stat(path)  # a dangling link (an interrupted hub download) is a missing file, wherever it points
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise
+    real = os.path.realpath(path)
+    if not _inside(real, bounds):
+        raise _escape_error(directory, rel, real)
+    st = os.stat(real, follow_symlinks=False)
+    if not stat.S_ISREG(st.st_mode):
+        raise StageError(
+            f"source {directory}: {rel} is {_kind(st.st_mode)}, not a regular file: only regular files are staged "
+            "(a FIFO would hang the copy, a device would be read as root); remove it from the source"
+        )
+    return st
+
+
+def open_source_file(directory: str, rel: str, bounds: list[str]) -> int:
+    """A read-only fd of the source file ``rel``, checked as check_source_file does, and re-checked after
+    the open: the file opened is the one checked, even if a path component was swapped for a link in
+    between (O_NOFOLLOW on the resolved path, then where the fd really points, from /proc)."""
+    check_source_file(directory, rel, bounds)
+    real = os.path.realpath(os.path.join(directory, rel))
+    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StageError(f"source {directory}: {rel} is {_kind(st.st_mode)}, not a regular file: remove it")
+        try:
+            landed = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # no /proc: the path must still name the inode opened
+            now = os.stat(real, follow_symlinks=False)
+            landed = real if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) else "(changed while opened)"
+        if not _inside(landed, bounds):
+            raise _escape_error(directory, rel, landed)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def list_files(directory: str, allow_links_into: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Relative paths of the revision's files, sorted. Links are followed while they stay in the source
+    (hub snapshots link into ../../blobs) or a directory in ``allow_links_into``; a link out of them, or
+    anything but a regular file, is refused (StageError naming it). Hidden entries (.cache, .git,
+    .llmfleet-*) are not part of a revision."""
+    bounds = source_bounds(directory, allow_links_into)
     out = []
+    seen: set[str] = set()
     for top, dirs, files in os.walk(directory, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        real_top = os.path.realpath(top)
+        if real_top in seen:  # a directory link loop, or a second link to one directory
+            again = os.path.relpath(top, directory)
+            raise StageError(f"source {directory}: {again} repeats {real_top} (a directory link): remove the link")
+        seen.add(real_top)
+        keep = []
+        for d in sorted(d for d in dirs if not d.startswith(".")):
+            rel = os.path.relpath(os.path.join(top, d), directory)
+            real = os.path.realpath(os.path.join(top, d))
+            if not _inside(real, bounds):
+                raise _escape_error(directory, rel, real)
+            keep.append(d)
+        dirs[:] = keep
         for name in files:
             if not name.startswith("."):
-                out.append(os.path.relpath(os.path.join(top, name), directory))
+                rel = os.path.relpath(os.path.join(top, name), directory)
+                check_source_file(directory, rel, bounds)
+                out.append(rel)
     return sorted(out)
 
 
@@ -75,14 +177,21 @@ def list_files(directory: str) -> list[str]:
 
 
 def build_manifest(
-    directory: str, threads: int = 4, revision: str | None = None, check: Callable[[], None] | None = None
+    directory: str,
+    threads: int = 4,
+    revision: str | None = None,
+    check: Callable[[], None] | None = None,
+    allow_links_into: tuple[str, ...] | list[str] = (),
 ) -> dict[str, Any]:
-    """Read every file once and record its size and sha256 (check() as in sha256_file)."""
-    files = list_files(directory)
+    """Read every file once and record its size and sha256 (check() as in sha256_file; links as in
+    list_files: each file is opened as open_source_file checks it)."""
+    files = list_files(directory, allow_links_into)
+    bounds = source_bounds(directory, allow_links_into)
 
     def one(rel: str) -> dict[str, Any]:
-        path = os.path.join(directory, rel)
-        return {"path": rel, "size": os.path.getsize(path), "sha256": sha256_file(path, check=check)}
+        fd = open_source_file(directory, rel, bounds)
+        size = os.fstat(fd).st_size
+        return {"path": rel, "size": size, "sha256": sha256_file(fd, check=check)}
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:  # hashlib releases the GIL
         entries = list(ex.map(one, files))
@@ -94,9 +203,12 @@ def build_manifest(
     }
 
 
-def stat_manifest(src: str) -> dict[str, Any]:
+def stat_manifest(src: str, allow_links_into: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
     """Sizes only (no hashing): what check mode uses to predict bytes before a manifest exists."""
-    files = [{"path": p, "size": os.path.getsize(os.path.join(src, p)), "sha256": ""} for p in list_files(src)]
+    files = [
+        {"path": p, "size": os.path.getsize(os.path.join(src, p)), "sha256": ""}
+        for p in list_files(src, allow_links_into)
+    ]
     return {"files": files, "total_bytes": sum(e["size"] for e in files), "revision": None}
 
 
@@ -309,11 +421,11 @@ def upstream_claims(src: str, paths: list[str], revision: str | None) -> tuple[d
     return claims, notes
 
 
-def _hash_both(path: str, size: int) -> tuple[str, str]:
-    """sha256 and git blob sha1 of a (small) file, in one read."""
+def _hash_both(fd: int, size: int) -> tuple[str, str]:
+    """sha256 and git blob sha1 of a (small) file, in one read (the fd is closed)."""
     h, g = hashlib.sha256(), hashlib.sha1()  # noqa: S324 (git's object id, not a security choice)
     g.update(b"blob %d\0" % size)
-    with open(path, "rb") as f:
+    with open(fd, "rb") as f:
         for b in iter(lambda: f.read(HASH_CHUNK), b""):
             h.update(b)
             g.update(b)
@@ -321,7 +433,13 @@ def _hash_both(path: str, size: int) -> tuple[str, str]:
 
 
 def check_against_source(
-    src: str, manifest: dict[str, Any], revision: str | None, *, rehash_small: bool, fix: str
+    src: str,
+    manifest: dict[str, Any],
+    revision: str | None,
+    *,
+    rehash_small: bool,
+    fix: str,
+    allow_links_into: tuple[str, ...] | list[str] = (),
 ) -> dict[str, Any]:
     """Compare the manifest with what the source itself says (upstream_claims), and re-hash the
     source's small files (all of them with rehash_small, else those the source gives a git blob
@@ -329,6 +447,7 @@ def check_against_source(
     upstream_checked (files the source's own digest confirms), upstream_kinds (where those digests
     came from), rehashed, unverified (files whose sha256 only the manifest vouches for) and notes."""
     paths = [e["path"] for e in manifest["files"]]
+    bounds = source_bounds(src, allow_links_into)
     claims, notes = upstream_claims(src, paths, revision)
     problems: list[str] = []
     confirmed, rehashed, kinds = set(), set(), set()
@@ -346,7 +465,7 @@ def check_against_source(
         sha1s = [c for c in mine if c.get("git_sha1")]
         if e["size"] <= SMALL_FILE and (rehash_small or sha1s):
             try:
-                sha256, sha1 = _hash_both(os.path.join(src, rel), e["size"])
+                sha256, sha1 = _hash_both(open_source_file(src, rel, bounds), e["size"])
             except OSError as err:
                 problems.append(f"{rel}: cannot read it from the source ({err.strerror or err})")
                 continue
@@ -381,9 +500,11 @@ def manifest_cache_path(cache_dir: str, model: str, revision: str) -> str:
     return os.path.join(cache_dir, "manifests", model, f"{revision}.json")
 
 
-def _build_checked(src: str, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _build_checked(
+    src: str, build: Callable[[], dict[str, Any]], allow_links_into: tuple[str, ...] | list[str] = ()
+) -> dict[str, Any]:
     """build(), refusing a source that changed while it was read; records the source's mtimes."""
-    before = source_mtimes(src, list_files(src))
+    before = source_mtimes(src, list_files(src, allow_links_into))
     manifest = build()
     after = source_mtimes(src, [e["path"] for e in manifest["files"]])
     moved = sorted(p for p, t in after.items() if before.get(p) != t)
@@ -426,6 +547,7 @@ def obtain_manifest(
     build: Callable[[], dict[str, Any]],
     check_mode: bool = False,
     expected_sha256: str | None = None,
+    allow_links_into: tuple[str, ...] | list[str] = (),
 ) -> dict[str, Any]:
     """The revision's manifest: from the cache next to the source, shipped with the source, or
     built (``build()`` reads every file once; the caller holds a reader lease). Cached atomically.
@@ -450,15 +572,21 @@ def obtain_manifest(
     elif check_mode:
         return {"origin": "would build", "path": cache, "manifest": None, "sha256": None, "trust": None}
     else:
-        origin, path, manifest = "built", cache, _build_checked(src, build)
+        origin, path, manifest = "built", cache, _build_checked(src, build, allow_links_into)
     if manifest.get("revision") not in (None, revision):
         raise StageError(f"manifest {path} is for revision {manifest.get('revision')}, not {revision}")
     manifest["revision"] = revision
+    # A cached or shipped manifest names files the source may since have turned into links out of it.
+    bounds = source_bounds(src, allow_links_into)
+    for e in manifest["files"]:
+        check_source_file(src, e["path"], bounds, missing_ok=True)
     _unchanged_source(src, manifest, cache, rebuild)
     trust = None
     if not check_mode:
         fix = rebuild if origin != "shipped" else f"fix or delete the shipped {path}"
-        trust = check_against_source(src, manifest, revision, rehash_small=origin != "built", fix=fix)
+        trust = check_against_source(
+            src, manifest, revision, rehash_small=origin != "built", fix=fix, allow_links_into=allow_links_into
+        )
     digest = manifest_digest(manifest)
     if expected_sha256 and digest != expected_sha256:
         raise StageError(

@@ -34,11 +34,13 @@ from .store import (
     ModelLock,
     current_target,
     disk_check,
+    ensure_model_dir,
     finish_published,
     gc,
+    make_partial,
     model_dir,
+    open_model_dir,
     open_repair,
-    partial_dir,
     publish,
     revision_state,
     switch_current,
@@ -93,6 +95,9 @@ def plan(req: StageRequest) -> dict[str, Any]:
     """What staging would do: files and bytes still to copy (no side effects)."""
     check_revision(req.revision)
     mdir = model_dir(req.root, req.model)
+    fd = open_model_dir(mdir, create=False)  # refuses a model root or dir another account can write
+    if fd is not None:
+        os.close(fd)
     total = sum(e["size"] for e in req.manifest["files"])
     state, todo = revision_state(mdir, req.revision, req.manifest, req.deep_verify)
     return {"state": state, "todo": todo, "total_bytes": total}
@@ -130,7 +135,7 @@ def stage(
             "peer_bytes_read": 0,
             "state_before": p["state"],
         }
-    os.makedirs(mdir, exist_ok=True)
+    ensure_model_dir(mdir)  # root-owned and only root's, before anything is written (store.open_model_dir)
     held = contextlib.nullcontext() if locked else ModelLock(mdir, req.revision, req.run_by).held(req.lock_wait)
     with held:
         t0 = time.monotonic()
@@ -190,8 +195,7 @@ def _stage_locked(
         if unlinkable:
             why += f", {len(unlinkable)} intact file(s) to copy as the filesystem refused hard links"
     else:
-        partial = partial_dir(mdir, req.revision)
-        os.makedirs(partial, exist_ok=True)
+        partial = make_partial(mdir, req.revision)
         why = f"{len(todo)} file(s) of {req.revision[:12]} still missing"
     need = sum(e["size"] for e in todo)
     result.update(bytes_to_copy=need, files_to_copy=len(todo))

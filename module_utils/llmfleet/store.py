@@ -11,6 +11,13 @@ Layout under ``<root>/<model>/``::
     .records/<rev>.json       manifest + size/mtime of every published file (idempotence check)
     .stage.lock               only while a staging run holds the model (flock; who, since when)
 
+Trust: root writes here, so the model root and the model dir must be root's alone (owned by root, or
+by the account running the CLI, and not writable by group or others; a sticky model root, e.g. a 1777
+scratch disk, is fine, as nobody else can then rename the model dir). open_model_dir checks that before
+anything is written and refuses otherwise, naming the fix. Every write then goes through directory fds
+opened from that checked model dir (O_NOFOLLOW, openat, renameat, fchmod), so neither a link planted
+before the check nor a path component renamed after it can redirect a write, a chmod or a deletion.
+
 Nothing here copies from a source (transfer.py) or decides the order of a run (stage.py).
 Stdlib only (runs inside an Ansible module on the node and in the CLI).
 """
@@ -24,13 +31,14 @@ import glob
 import json
 import os
 import re
-import shutil
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from . import safefs
 from .checkpoint import verify_structure
 from .manifest import HEX40, sha256_file
 from .stage_errors import DiskFullError, LockedError, StageError
@@ -46,12 +54,110 @@ GiB = 1024**3
 FILE_RO, DIR_RO, DIR_RW = 0o444, 0o555, 0o755  # a published revision is read-only for everyone
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never a link, never blocks on a FIFO
+
+
+def _owner_ok(st: os.stat_result) -> bool:
+    return st.st_uid in (0, os.geteuid())
+
+
+def _untrusted(what: str, path: str, st: os.stat_result, fix: str) -> StageError:
+    return StageError(
+        f"{socket.gethostname()}: {what} {path} is owned by {safefs._who(st)} with mode "
+        f"{stat.S_IMODE(st.st_mode):04o}: another account can plant links there that root would write through "
+        f"(the staged model, chmods, deletions). Nothing was written. {fix}"
+    )
+
+
+def open_model_dir(mdir: str, *, create: bool = True) -> int | None:
+    """fd of the model directory, checked before anything is written: the model root (created 0755 if
+    missing, when ``create``) is reached without following a link another user could plant
+    (safefs.open_dir), is owned by root (or the account running this) and is not writable by group or
+    others unless sticky; the model dir itself is not a link, is owned by root (or that account) and
+    writable by nobody else. Else StageError naming the fix. None when it does not exist and not
+    ``create``. The caller closes the fd."""
+    root, model = os.path.split(os.path.abspath(mdir))
     try:
-        os.fsync(fd)
+        rfd = safefs.open_dir(root, create_mode=0o755 if create else None)
+    except FileNotFoundError:
+        return None
+    except safefs.UnsafePathError as e:
+        raise StageError(f"{socket.gethostname()}: model root {root}: {e}") from None
+    try:
+        st = os.fstat(rfd)
+        if not _owner_ok(st) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise _untrusted(
+                "the model root (model_stage_root)",
+                root,
+                st,
+                f"Fix: `chown root:root {root} && chmod 0755 {root}` (or make it sticky, chmod 1777, if other "
+                "accounts must write there), or set model_stage_root to a directory only root can write.",
+            )
+        try:
+            fd, _ = safefs.subdir(rfd, model, shown=mdir, mode=DIR_RW, create=create)
+        except FileNotFoundError:
+            return None
+        except safefs.UnsafePathError as e:
+            raise StageError(f"{socket.gethostname()}: model dir {mdir}: {e}") from None
+        st = os.fstat(fd)
+        if not _owner_ok(st) or st.st_mode & 0o022:
+            os.close(fd)
+            raise _untrusted(
+                "the model dir",
+                mdir,
+                st,
+                f"Its contents cannot be trusted (a planted .partial-<rev> or journal): move {mdir} aside and "
+                "rerun (staging creates it root-owned, 0755), or, if only root ever wrote there, "
+                f"`chown root:root {mdir} && chmod 0755 {mdir}`.",
+            )
+        return fd
+    finally:
+        os.close(rfd)
+
+
+def ensure_model_dir(mdir: str) -> None:
+    """Create (or check) the model dir as open_model_dir does; StageError when it is not safe."""
+    fd = open_model_dir(mdir)
+    if fd is not None:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def model_fd(mdir: str, *, create: bool = False) -> Iterator[int]:
+    """open_model_dir as a context; FileNotFoundError when it is missing and not ``create``."""
+    fd = open_model_dir(mdir, create=create)
+    if fd is None:
+        raise FileNotFoundError(errno.ENOENT, "No such model directory", mdir)
+    try:
+        yield fd
     finally:
         os.close(fd)
+
+
+def open_subdirs(base_fd: int, names: list[str], *, shown: str, create: bool, mode: int = DIR_RW) -> int:
+    """fd of base_fd/<names...>, each level opened O_NOFOLLOW (a link there is refused); base_fd itself
+    when names is empty. The caller closes a returned fd other than base_fd."""
+    fd = base_fd
+    try:
+        for name in names:
+            shown = f"{shown}/{name}"
+            nfd, _ = safefs.subdir(fd, name, shown=shown, mode=mode, create=create)
+            if fd != base_fd:
+                os.close(fd)
+            fd = nfd
+    except BaseException:
+        if fd != base_fd:
+            os.close(fd)
+        raise
+    return fd
+
+
+def _open_store_dir(path: str, *, create: bool = False) -> int:
+    """fd of <mdir>/<name> (a partial dir or a revision), reached from the checked model dir."""
+    mdir, name = os.path.split(os.path.abspath(path))
+    with model_fd(mdir, create=create) as mfd:
+        fd, _ = safefs.subdir(mfd, name, shown=path, mode=DIR_RW, create=create)
+        return fd
 
 
 def _gib(n: int) -> str:
@@ -74,8 +180,8 @@ def partial_dir(mdir: str, revision: str) -> str:
 def read_journal(partial: str) -> dict[str, dict[str, Any]]:
     """Files verified in a partial dir, keyed by path (last entry wins; torn lines ignored)."""
     out: dict[str, dict[str, Any]] = {}
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        with open(os.path.join(partial, JOURNAL), encoding="utf-8") as f:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError, OSError):
+        with open(os.open(os.path.join(partial, JOURNAL), O_FILE), encoding="utf-8") as f:
             for line in f:
                 with contextlib.suppress(ValueError, KeyError, TypeError):
                     e = json.loads(line)
@@ -84,9 +190,18 @@ def read_journal(partial: str) -> dict[str, dict[str, Any]]:
 
 
 class Journal:
-    def __init__(self, partial: str) -> None:
+    """The partial dir's journal, appended through the partial dir's fd (``dir_fd``, which the copy
+    writes through too); the fd is opened from the checked model dir unless given (and then owned)."""
+
+    def __init__(self, partial: str, dir_fd: int | None = None) -> None:
         self.partial = partial
-        self._f = open(os.path.join(partial, JOURNAL), "a", encoding="utf-8")
+        self.dir_fd = _open_store_dir(partial) if dir_fd is None else dir_fd
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            self._f = open(os.open(JOURNAL, flags, 0o644, dir_fd=self.dir_fd), "a", encoding="utf-8")
+        except BaseException:
+            os.close(self.dir_fd)
+            raise
         self._lock = threading.Lock()
 
     def add(self, entry: dict[str, Any]) -> None:
@@ -107,6 +222,9 @@ class Journal:
     def close(self) -> None:
         with contextlib.suppress(OSError):  # a torn last line is ignored when read back
             self._f.close()
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
 
 
 def _still_valid(path: str, entry: dict[str, Any], want: dict[str, Any]) -> bool:
@@ -130,7 +248,7 @@ def record_path(mdir: str, revision: str) -> str:
 
 def read_record(mdir: str, revision: str) -> dict[str, Any] | None:
     try:
-        with open(record_path(mdir, revision), encoding="utf-8") as f:
+        with open(os.open(record_path(mdir, revision), O_FILE), encoding="utf-8") as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
@@ -194,51 +312,109 @@ def open_repair(
     the intact files that could not be hard-linked (the caller copies those from the published
     revision)."""
     rdir = os.path.join(mdir, revision)
-    partial = partial_dir(mdir, revision)
-    os.makedirs(partial, exist_ok=True)
+    partial = make_partial(mdir, revision)
     journal = read_journal(partial)
     skip = {e["path"] for e in refetch}
     unlinkable = []
     j = Journal(partial)
+    rfd = _open_store_dir(rdir)
     try:
         for e in manifest["files"]:
             rel = e["path"]
             dst = os.path.join(partial, rel)
             if rel in skip or (rel in journal and _still_valid(dst, journal[rel], e)):
                 continue
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(dst)
+            *subs, name = rel.split("/")
             try:
-                os.link(os.path.join(rdir, rel), dst)
-            except OSError:  # a filesystem without hard links: the caller copies it
+                sfd = open_subdirs(rfd, subs, shown=rdir, create=False)
+            except FileNotFoundError:
                 unlinkable.append(e)
                 continue
-            j.add({"path": rel, "size": e["size"], "sha256": e["sha256"], "mtime_ns": os.stat(dst).st_mtime_ns})
+            dfd = open_subdirs(j.dir_fd, subs, shown=partial, create=True)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dfd)
+                try:
+                    os.link(name, name, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+                except OSError:  # a filesystem without hard links: the caller copies it
+                    unlinkable.append(e)
+                    continue
+                mtime_ns = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime_ns
+            finally:
+                for fd in {sfd, dfd} - {rfd, j.dir_fd}:
+                    os.close(fd)
+            j.add({"path": rel, "size": e["size"], "sha256": e["sha256"], "mtime_ns": mtime_ns})
     finally:
+        os.close(rfd)
         j.close()
     return partial, unlinkable
 
 
-def _freeze(top: str) -> None:
-    """Files 0444 and directories 0555 below top; top itself stays writable (the journal is removed
-    from it after the rename, so a failure before that keeps the resume)."""
-    for d, dirs, files in os.walk(top):
-        for name in files:
-            os.chmod(os.path.join(d, name), FILE_RO)
-        for name in dirs:
-            os.chmod(os.path.join(d, name), DIR_RO)
+def make_partial(mdir: str, revision: str) -> str:
+    """Create (or keep) the revision's partial dir, through the checked model dir's fd."""
+    partial = partial_dir(mdir, revision)
+    os.close(_open_store_dir(partial, create=True))
+    return partial
 
 
-def _remove_tree(top: str) -> None:
-    """Delete a revision tree. Only directories are made writable (unlinking needs that): a file may
-    be a hard link shared with the published copy of a repaired revision, and must stay 0444."""
-    for d, _dirs, _files in os.walk(top):
-        os.chmod(d, DIR_RW)
-    shutil.rmtree(top)
+def _freeze(top_fd: int, shown: str) -> None:
+    """Files 0444 and directories 0555 below the open dir top_fd; top itself stays writable (the journal
+    is removed from it after the rename, so a failure before that keeps the resume). fchmod on fds
+    opened O_NOFOLLOW: a link in the tree is refused, never its target chmodded."""
+    with os.scandir(top_fd) as it:
+        names = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    for name, is_dir in names:
+        if is_dir:
+            fd, _ = safefs.subdir(top_fd, name, shown=f"{shown}/{name}", create=False)
+            try:
+                _freeze(fd, f"{shown}/{name}")
+                os.fchmod(fd, DIR_RO)
+            finally:
+                os.close(fd)
+            continue
+        try:
+            fd = os.open(name, O_FILE, dir_fd=top_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                msg = f"{shown}/{name} is a link: a staged revision holds files only; nothing was published"
+                raise StageError(msg) from None
+            raise
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.fchmod(fd, FILE_RO)
+        finally:
+            os.close(fd)
 
 
-def _exchange(a: str, b: str) -> bool:
+def _remove_tree(dir_fd: int, name: str) -> None:
+    """Delete dir_fd/name with everything below it. Only directories are made writable (unlinking needs
+    that), each opened O_NOFOLLOW and emptied through its fd: a file may be a hard link shared with the
+    published copy of a repaired revision and stays 0444; a link is unlinked, its target untouched."""
+    try:
+        fd = os.open(name, safefs.O_DIR, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    try:
+        os.fchmod(fd, DIR_RW)
+        with os.scandir(fd) as it:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        for child, is_dir in entries:
+            if is_dir:
+                _remove_tree(fd, child)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _exchange(dir_fd: int, a: str, b: str) -> bool:
     """Swap two paths in one step: renameat2(RENAME_EXCHANGE) (Linux >= 3.15, glibc >= 2.28; ext4,
     xfs, btrfs, tmpfs). False where that is not available, so the caller falls back to two renames."""
     try:
@@ -248,8 +424,8 @@ def _exchange(a: str, b: str) -> bool:
     except (ImportError, OSError, AttributeError):
         return False
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    rename_exchange = 2
+    if fn(dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), rename_exchange) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
@@ -257,37 +433,44 @@ def _exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), b)
 
 
-def _swap_in(partial: str, rdir: str, mdir: str, revision: str) -> None:
-    """Replace the published (damaged) revision by its verified repair. With RENAME_EXCHANGE the
-    revision path always exists; the fallback leaves it missing between two renames (microseconds;
-    a crash there leaves the verified partial, which the next run publishes without copying)."""
-    old = os.path.join(mdir, f"{OLD}{revision}")
-    if os.path.lexists(old):
-        _remove_tree(old)
-    if _exchange(partial, rdir):
-        os.rename(partial, old)  # the damaged copy, out of the partial name a rerun would resume from
+def _swap_in(mfd: int, revision: str) -> None:
+    """Replace the published (damaged) revision by its verified repair (names in the model dir mfd).
+    With RENAME_EXCHANGE the revision path always exists; the fallback leaves it missing between two
+    renames (microseconds; a crash there leaves the verified partial, which the next run publishes
+    without copying)."""
+    old, partial = f"{OLD}{revision}", f"{PARTIAL}{revision}"
+
+    def mv(a: str, b: str) -> None:
+        os.rename(a, b, src_dir_fd=mfd, dst_dir_fd=mfd)
+
+    _remove_tree(mfd, old)
+    if _exchange(mfd, partial, revision):
+        mv(partial, old)  # the damaged copy, out of the partial name a rerun would resume from
     else:
-        os.rename(rdir, old)
+        mv(revision, old)
         try:
-            os.rename(partial, rdir)
+            mv(partial, revision)
         except OSError:
-            os.rename(old, rdir)  # put the published revision back as it was
+            mv(old, revision)  # put the published revision back as it was
             raise
-    _fsync_dir(mdir)
+    os.fsync(mfd)
     # Engines that still map a file of the damaged copy keep that inode until they exit.
-    _remove_tree(old)
+    _remove_tree(mfd, old)
 
 
 def finish_published(rdir: str) -> None:
     """The last step of a publish: drop the journal and freeze the revision's top directory. Also
     run on a published revision, for the case of a crash between the rename and this."""
-    journal = os.path.join(rdir, JOURNAL)
-    if os.path.lexists(journal):
-        os.chmod(rdir, DIR_RW)
-        os.unlink(journal)
-    if os.stat(rdir).st_mode & 0o777 != DIR_RO:
-        os.chmod(rdir, DIR_RO)
-        _fsync_dir(rdir)
+    fd = _open_store_dir(rdir)
+    try:
+        if safefs.lstat_at(fd, JOURNAL) is not None:
+            os.fchmod(fd, DIR_RW)
+            os.unlink(JOURNAL, dir_fd=fd)
+        if os.fstat(fd).st_mode & 0o777 != DIR_RO:
+            os.fchmod(fd, DIR_RO)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def publish(mdir: str, partial: str, revision: str, manifest: dict[str, Any]) -> None:
@@ -311,39 +494,56 @@ def publish(mdir: str, partial: str, revision: str, manifest: dict[str, Any]) ->
         for e in manifest["files"]
     ]
     rdir = os.path.join(mdir, revision)
-    records = os.path.join(mdir, ".records")
     rec = record_path(mdir, revision)
-    tmp = rec + ".tmp"
+    name = os.path.basename(rec)
+    tmp = name + ".tmp"
     # A repair keeps the revision's publish time: GC's "newest" order must not change because of it.
     published_at = (read_record(mdir, revision) or {}).get("published_at") if os.path.isdir(rdir) else None
+    record = {"revision": revision, "published_at": published_at or time.time(), "manifest": manifest, "files": files}
+    pname = f"{PARTIAL}{revision}"
+    with model_fd(mdir) as mfd:
+        recs, _ = safefs.subdir(mfd, ".records", shown=os.path.dirname(rec), mode=DIR_RW)
+        try:
+            _write_record(recs, tmp, record, rec, partial)
+            pfd, _ = safefs.subdir(mfd, pname, shown=partial, create=False)
+            try:
+                _freeze(pfd, partial)
+                os.replace(tmp, name, src_dir_fd=recs, dst_dir_fd=recs)
+                os.fsync(recs)
+                os.fsync(pfd)
+            finally:
+                os.close(pfd)
+        finally:
+            os.close(recs)
+        have = safefs.lstat_at(mfd, revision)
+        if have is not None and stat.S_ISDIR(have.st_mode):
+            _swap_in(mfd, revision)
+        else:
+            os.rename(pname, revision, src_dir_fd=mfd, dst_dir_fd=mfd)  # the atomic publish
+            os.fsync(mfd)
+    finish_published(rdir)
+
+
+def _write_record(recs: int, tmp: str, record: dict[str, Any], rec: str, partial: str) -> None:
+    """The publish record, written to tmp in the .records fd and fsynced (renamed by the caller)."""
     try:
-        os.makedirs(records, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            record = {"revision": revision, "published_at": published_at or time.time(), "manifest": manifest}
-            json.dump({**record, "files": files}, f)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=recs)
+        with open(os.open(tmp, safefs.O_NEW_FILE, 0o644, dir_fd=recs), "w", encoding="utf-8") as f:
+            json.dump(record, f)
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=recs)
         where = f"{socket.gethostname()}: writing the publish record {rec}"
         kept = (
-            f"all {len(files)} files of {revision} are verified and kept in {partial} with their journal, "
-            "nothing published changed (published revisions and `current` are as before)"
+            f"all {len(record['files'])} files of {record['revision']} are verified and kept in {partial} with "
+            "their journal, nothing published changed (published revisions and `current` are as before)"
         )
         if e.errno == errno.ENOSPC:
             raise DiskFullError(f"{where}: disk full; {kept}: free space and rerun (it copies nothing again)") from None
         raise StageError(f"{where}: {e.strerror or e}; {kept}: fix that and rerun") from None
-    _freeze(partial)
-    os.replace(tmp, rec)
-    _fsync_dir(records)
-    _fsync_dir(partial)
-    if os.path.isdir(rdir):
-        _swap_in(partial, rdir, mdir, revision)
-    else:
-        os.rename(partial, rdir)  # the atomic publish
-        _fsync_dir(mdir)
-    finish_published(rdir)
 
 
 def current_target(mdir: str) -> str | None:
@@ -357,12 +557,13 @@ def switch_current(mdir: str, revision: str) -> bool:
     """Point <mdir>/current at revision atomically; True when it changed."""
     if current_target(mdir) == revision:
         return False
-    tmp = os.path.join(mdir, f".current-{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    os.symlink(revision, tmp)
-    os.replace(tmp, os.path.join(mdir, "current"))
-    _fsync_dir(mdir)
+    tmp = f".current-{os.getpid()}"
+    with model_fd(mdir) as mfd:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=mfd)
+        os.symlink(revision, tmp, dir_fd=mfd)
+        os.replace(tmp, "current", src_dir_fd=mfd, dst_dir_fd=mfd)
+        os.fsync(mfd)
     return True
 
 
@@ -458,17 +659,23 @@ class ModelLock:
         self.fd: int | None = None
 
     def try_acquire(self) -> bool:
+        with model_fd(self.mdir, create=True) as mfd:
+            return self._try_acquire_at(mfd)
+
+    def _try_acquire_at(self, mfd: int) -> bool:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=mfd)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise StageError(f"{self.path} is not a regular file: remove it and rerun")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
                 return False
             # A releaser unlinks the file while holding it: the one we locked must still be the one there.
-            try:
-                st = os.stat(self.path, follow_symlinks=False)
-            except FileNotFoundError:
+            st = safefs.lstat_at(mfd, LOCK)
+            if st is None:
                 os.close(fd)
                 continue
             mine = os.fstat(fd)
@@ -485,7 +692,7 @@ class ModelLock:
 
     def holder(self) -> dict[str, Any] | None:
         try:
-            with open(self.path, encoding="utf-8") as f:
+            with open(os.open(self.path, O_FILE), encoding="utf-8") as f:
                 return json.load(f)
         except (OSError, ValueError):
             return None
@@ -509,8 +716,9 @@ class ModelLock:
     def release(self) -> None:
         if self.fd is None:
             return
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)  # while still holding it (see try_acquire)
+        with contextlib.suppress(OSError, StageError):
+            with model_fd(self.mdir) as mfd:
+                os.unlink(LOCK, dir_fd=mfd)  # while still holding it (see try_acquire)
         os.close(self.fd)
         self.fd = None
 
@@ -713,19 +921,20 @@ def _collect(
         why.setdefault(name, []).append(f"in use by {user}")
     if unreadable:
         out["skipped"] = f"cannot read {', '.join(unreadable)}: no revision deleted (a unit may name it)"
-    for name in candidates:
-        if name in why:
-            out["kept_in_use"].append(name)
-        elif unreadable:
-            why[name] = ["an engine unit could not be read"]
-        else:
-            _remove_tree(os.path.join(mdir, name))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(record_path(mdir, name))
-            out["removed"].append(name)
-    for name in partials:
-        if name not in why:
-            _remove_tree(os.path.join(mdir, name))
-            out["removed_partials"].append(name)
-    if out["removed"] or out["removed_partials"]:
-        _fsync_dir(mdir)
+    with model_fd(mdir) as mfd:
+        for name in candidates:
+            if name in why:
+                out["kept_in_use"].append(name)
+            elif unreadable:
+                why[name] = ["an engine unit could not be read"]
+            else:
+                _remove_tree(mfd, name)
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    os.unlink(f".records/{name}.json", dir_fd=mfd)  # .records is root's, made by subdir()
+                out["removed"].append(name)
+        for name in partials:
+            if name not in why:
+                _remove_tree(mfd, name)
+                out["removed_partials"].append(name)
+        if out["removed"] or out["removed_partials"]:
+            os.fsync(mfd)

@@ -75,6 +75,8 @@ class SwarmConfig:
     # The deployment's fabric key (fabric_key.py): every peer request proves it, the peer server serves nobody
     # else. Needed whenever this node serves or has peers.
     peer_key: bytes = field(default=b"", repr=False)
+    # Directories a link in the source may point into (manifest.source_bounds); any other link out is refused.
+    source_allow_links_into: list[str] = field(default_factory=list)
 
 
 def _refused(e: BaseException) -> bool:
@@ -259,7 +261,7 @@ def _run_locked(req: StageRequest, cfg: SwarmConfig, mdir: str) -> dict[str, Any
     board = StatusBoard(peers, cfg.me).start()
     assignment = assign_files(req.manifest["files"], [s for s in cfg.seeds if s in cfg.peers or s == cfg.me])
     hosts = sorted({*cfg.peers, cfg.me})
-    local = LocalSource(cfg.source_dir)
+    local = LocalSource(cfg.source_dir, cfg.source_allow_links_into)
     lease = SharedLease(
         Lease(
             cfg.lease_dir,

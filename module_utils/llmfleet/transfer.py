@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from . import fabric_key
+from . import fabric_key, safefs
+from .manifest import open_source_file, source_bounds
 from .stage_errors import DiskFullError, LeaseLostError, LockedError, StageError
 from .stage_progress import Progress
-from .store import Journal
+from .store import Journal, open_subdirs
 
 CHUNK = 16 * 1024 * 1024
 # A cut-through fetch waits on the sender while its copy pauses; the sender ends it after peer.STALL_S.
@@ -61,7 +62,7 @@ UNLIMITED = RateLimit(0)
 
 def copy_stream(
     src: BinaryIO,
-    dst_path: str,
+    dst_path: str | int,
     want: dict[str, Any],
     progress: Progress | None,
     *,
@@ -69,13 +70,14 @@ def copy_stream(
     limit: RateLimit = UNLIMITED,
     check: Callable[[], None] | None = None,
 ) -> str:
-    """Copy src to dst_path hashing in the same pass; fsync; return the sha256 hex. check() runs
-    before every chunk read (a lost reader lease stops the copy between two chunks)."""
+    """Copy src to dst_path (or into an open fd, which is closed) hashing in the same pass; fsync; return
+    the sha256 hex. check() runs before every chunk read (a lost reader lease stops the copy between two
+    chunks)."""
     h = hashlib.sha256()
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     n_total = 0
-    fd = os.open(dst_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = dst_path if isinstance(dst_path, int) else os.open(dst_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         while True:
             if check:
@@ -102,15 +104,18 @@ def copy_stream(
 
 
 class LocalSource:
-    """Shared storage (a mounted directory)."""
+    """Shared storage (a mounted directory). A file is opened only where the manifest step allows it
+    (manifest.open_source_file): a regular file within the source or a directory in allow_links_into,
+    re-checked after the open, so a link swapped in after the manifest was built is not followed out."""
 
     from_peer = False
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, allow_links_into: tuple[str, ...] | list[str] = ()) -> None:
         self.directory = directory
+        self.bounds = source_bounds(directory, allow_links_into)
 
     def open(self, rel: str) -> BinaryIO:
-        return open(os.path.join(self.directory, rel), "rb", buffering=0)
+        return open(open_source_file(self.directory, rel, self.bounds), "rb", buffering=0)
 
     def __str__(self) -> str:
         return self.directory
@@ -170,18 +175,42 @@ def fetch_file(
     limit: RateLimit = UNLIMITED,
     check: Callable[[], None] | None = None,
 ) -> None:
-    """Copy one file into the partial dir, verify it against the manifest, journal it."""
-    final = os.path.join(partial, rel)
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    tmp = final + ".llmfleet-part"
+    """Copy one file into the partial dir, verify it against the manifest, journal it. Every write goes
+    through the partial dir's fd (journal.dir_fd): directories and files created with O_NOFOLLOW, the
+    verified file renamed within its directory's fd."""
+    *subs, name = rel.split("/")
     try:
-        with source.open(rel) as src:
-            got = copy_stream(src, tmp, want, progress, from_peer=source.from_peer, limit=limit, check=check)
+        dfd = open_subdirs(journal.dir_fd, subs, shown=partial, create=True)
+    except safefs.UnsafePathError as e:
+        raise StageError(f"{socket.gethostname()}: {e}") from None
+    try:
+        _fetch_at(source, rel, partial, want, journal, dfd=dfd, name=name, progress=progress, limit=limit, check=check)
+    finally:
+        if dfd != journal.dir_fd:
+            os.close(dfd)
+
+
+def _fetch_at(
+    source: Any,
+    rel: str,
+    partial: str,
+    want: dict[str, Any],
+    journal: Journal,
+    *,
+    dfd: int,
+    name: str,
+    progress: Progress | None,
+    limit: RateLimit,
+    check: Callable[[], None] | None,
+) -> None:
+    tmp = name + ".llmfleet-part"
+    try:
+        got = _copy_into(source, rel, dfd, tmp, want, progress=progress, limit=limit, check=check)
     except (OSError, http.client.HTTPException) as e:
         # HTTPException: a peer that closed before the whole file (it died, or the copy it was
         # passing on cut-through failed) is one more source that failed, not the end of the run.
         with contextlib.suppress(OSError):
-            os.unlink(tmp)  # on ENOSPC this frees the space the failed copy took
+            os.unlink(tmp, dir_fd=dfd)  # on ENOSPC this frees the space the failed copy took
         if getattr(e, "errno", None) == errno.ENOSPC:
             raise DiskFullError(
                 f"{socket.gethostname()}: disk full while copying {rel} into {partial}: nothing published changed "
@@ -191,16 +220,35 @@ def fetch_file(
         raise StageError(f"{rel}: cannot copy from {source}: {e}") from None
     except StageError:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dfd)
         raise
     if got != want["sha256"]:
-        os.unlink(tmp)
+        os.unlink(tmp, dir_fd=dfd)
         raise StageError(
             f"{rel}: sha256 {got[:12]}… from {source} does not match the manifest ({want['sha256'][:12]}…): "
             "the source copy is damaged or the manifest is from another revision"
         )
-    os.replace(tmp, final)
-    journal.add({"path": rel, "size": want["size"], "sha256": got, "mtime_ns": os.stat(final).st_mtime_ns})
+    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    mtime_ns = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime_ns
+    journal.add({"path": rel, "size": want["size"], "sha256": got, "mtime_ns": mtime_ns})
+
+
+def _copy_into(
+    source: Any,
+    rel: str,
+    dfd: int,
+    tmp: str,
+    want: dict[str, Any],
+    *,
+    progress: Progress | None,
+    limit: RateLimit,
+    check: Callable[[], None] | None,
+) -> str:
+    with source.open(rel) as src:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dfd)  # a leftover of a killed run: a new file, never one linked elsewhere
+        fd = os.open(tmp, safefs.O_NEW_FILE, 0o644, dir_fd=dfd)
+        return copy_stream(src, fd, want, progress, from_peer=source.from_peer, limit=limit, check=check)
 
 
 def copy_all(

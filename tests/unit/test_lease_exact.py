@@ -140,8 +140,8 @@ def test_a_contender_that_judged_a_slot_stale_gets_nothing_once_another_took_it(
     b = lease.Lease(str(tmp_path), cap=1, ttl=0.05, host="nodeB")
     read, interleaved = lease._read, []
 
-    def read_then_let_b_in(path):
-        info = read(path)
+    def read_then_let_b_in(path, dir_fd=None):
+        info = read(path, dir_fd)
         if not interleaved and info and info.get("token") == old.token:
             interleaved.append(path)
             assert b.try_acquire()  # B reads the same stale lease and takes the slot over

@@ -283,8 +283,8 @@ def test_staging_modules_are_layered():
     assert _imports("stage_progress") == {"safefs"}
     assert _imports("manifest") == {"safefs", "stage_errors"}
     assert _imports("checkpoint") == {"manifest"}
-    assert _imports("store") == {"checkpoint", "manifest", "stage_errors"}
-    assert _imports("transfer") == {"stage_errors", "stage_progress", "store"}
+    assert _imports("store") == {"checkpoint", "manifest", "safefs", "stage_errors"}
+    assert _imports("transfer") == {"fabric_key", "manifest", "safefs", "stage_errors", "stage_progress", "store"}
     assert _imports("stage") <= {"manifest", "stage_errors", "stage_progress", "store", "transfer"}
 
 

@@ -89,7 +89,7 @@ def test_repair_swaps_in_a_verified_copy_linking_the_intact_files(tmp_path, src,
     root = tmp_path / "nvme"
     rdir, victim = published(root, src)
     if not exchange:
-        monkeypatch.setattr(store, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(store, "_exchange", lambda *a: False)
     intact = sorted(p for p in os.listdir(rdir) if p != victim)
     inodes = {p: os.stat(rdir / p).st_ino for p in intact}
     published_at = store.read_record(str(root / "m"), REV)["published_at"]
@@ -111,13 +111,13 @@ def test_a_failed_swap_puts_the_published_revision_back(tmp_path, src, monkeypat
     root = tmp_path / "nvme"
     rdir, victim = published(root, src)
     before = snapshot(rdir)
-    monkeypatch.setattr(store, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(store, "_exchange", lambda *a: False)
     real_rename = os.rename
 
-    def rename(a, b):
+    def rename(a, b, **kw):
         if str(a).endswith(f".partial-{REV}"):
             raise OSError(errno.EIO, "Input/output error")
-        return real_rename(a, b)
+        return real_rename(a, b, **kw)
 
     monkeypatch.setattr(store.os, "rename", rename)
     with pytest.raises(OSError, match="Input/output error"):
@@ -134,10 +134,10 @@ def test_a_crash_right_after_the_exchange_is_cleaned_up(tmp_path, src, monkeypat
     rdir, victim = published(root, src)
     real_rename = os.rename
 
-    def rename(a, b):
+    def rename(a, b, **kw):
         if f"{store.OLD}{REV}" in str(b):
             raise KeyboardInterrupt  # killed between the swap and moving the damaged copy aside
-        return real_rename(a, b)
+        return real_rename(a, b, **kw)
 
     monkeypatch.setattr(store.os, "rename", rename)
     with pytest.raises(KeyboardInterrupt):
@@ -154,7 +154,7 @@ def test_repair_without_hard_links_copies_the_intact_files_from_the_node(tmp_pat
     root = tmp_path / "nvme"
     rdir, victim = published(root, src)
 
-    def no_links(a, b):
+    def no_links(*a, **kw):
         raise OSError(errno.EPERM, "Operation not permitted")
 
     monkeypatch.setattr(store.os, "link", no_links)

@@ -38,7 +38,7 @@ def fakes(monkeypatch):
         "build_manifest": Recorder(MANIFEST),
         # The real obtain_manifest calls build() when nothing is cached: do that.
         "obtain_manifest": Recorder(
-            lambda src, model, rev, cache, *, build, check_mode, expected_sha256: {
+            lambda src, model, rev, cache, *, build, check_mode, expected_sha256, allow_links_into: {
                 "origin": "built",
                 "path": f"{cache}/manifests/{model}/{rev}.json",
                 "manifest": build(),
@@ -59,7 +59,7 @@ def base(**over):
 
 
 def test_options_become_the_manifest_calls(fakes):
-    res = run(mod, base(max_source_readers="3", lease_timeout=60, threads=8))
+    res = run(mod, base(max_source_readers="3", lease_timeout=60, threads=8, source_allow_links_into=["/srv/blobs"]))
     src = fakes["resolve_source"].result
     assert fakes["resolve_source"].args == ("/mnt/shared/models--Qwen--Qwen3.8", REV)
     assert fakes["obtain_manifest"].args == (src, "qwen3.8", REV, "/mnt/shared/.llmfleet")
@@ -67,7 +67,11 @@ def test_options_become_the_manifest_calls(fakes):
     assert FakeLease.log == [("init", ("/mnt/shared/.llmfleet/leases", 3), {"host": "node1", "label": "manifest"}),
                              ("acquire", 60.0), ("release",)]  # fmt: skip
     assert fakes["build_manifest"].args == (src,)
-    assert fakes["build_manifest"].kwargs == {"threads": 8, "revision": REV, "check": None}  # this lease has no check()
+    # this lease has no check(); the allowed link targets reach the build and the cached manifest's check
+    assert fakes["build_manifest"].kwargs == {
+        "threads": 8, "revision": REV, "check": None, "allow_links_into": ["/srv/blobs"]
+    }  # fmt: skip
+    assert fakes["obtain_manifest"].kwargs["allow_links_into"] == ["/srv/blobs"]
     assert fakes["obtain_manifest"].kwargs["expected_sha256"] is None
     assert res == {"changed": True, "manifest_path": f"/mnt/shared/.llmfleet/manifests/qwen3.8/{REV}.json",
                    "source_dir": src, "origin": "built", "files": 2, "total_bytes": 7, "trust": None}  # fmt: skip
@@ -86,7 +90,7 @@ def test_check_mode_reads_no_file_contents(fakes, monkeypatch):
     monkeypatch.setattr(mod, "obtain_manifest", obtain)
     res = run(mod, base(), check=True)
     assert obtain.kwargs["check_mode"] is True
-    assert fakes["stat_manifest"].args == (fakes["resolve_source"].result,)  # sizes from stat
+    assert fakes["stat_manifest"].args == (fakes["resolve_source"].result, [])  # sizes from stat
     assert fakes["build_manifest"].calls == [] and FakeLease.log == []
     assert res["changed"] is True and res["origin"] == "would build" and res["total_bytes"] == 7
 
@@ -158,3 +162,27 @@ def test_bad_options_fail_naming_them(fakes, over, text):
     args = {k: v for k, v in base(**over).items() if v is not None}
     assert text in fail(mod, args)["msg"]
     assert fakes["resolve_source"].calls == []
+
+
+def test_a_link_out_of_the_source_fails_the_task_by_name(fakes, monkeypatch, tmp_path):
+    """A source file linked to a root-only file elsewhere would be staged as root, world-readable, and
+    served to peers: the task fails naming the link, where it points and the fix; allowing its directory
+    (model_stage_source_allow_links_into) makes it part of the revision."""
+    from ansible.module_utils.llmfleet.manifest import obtain_manifest as real_obtain_manifest
+
+    from tests.helpers.ckpt import make_checkpoint
+
+    src = make_checkpoint(tmp_path / "src", shards=1)
+    secret = tmp_path / "etc" / "api-key"
+    secret.parent.mkdir()
+    secret.write_text("sk-not-for-peers\n")
+    (src / "notes.txt").symlink_to(secret)
+    monkeypatch.setattr(mod, "resolve_source", Recorder(str(src)))
+    monkeypatch.setattr(mod, "build_manifest", real_build_manifest)
+    monkeypatch.setattr(mod, "obtain_manifest", real_obtain_manifest)
+    msg = fail(mod, base(cache_dir=str(tmp_path / "cache")))["msg"]
+    assert f"notes.txt is a link to {secret}, outside the source" in msg
+    assert "model_stage_source_allow_links_into" in msg
+    assert not (tmp_path / "cache" / "manifests").exists()
+    res = run(mod, base(cache_dir=str(tmp_path / "cache"), source_allow_links_into=[str(secret.parent)]))
+    assert res["origin"] == "built" and res["files"] == len(list(src.iterdir()))
