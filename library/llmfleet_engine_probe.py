@@ -42,6 +42,14 @@ options:
   router_unit:
     description: A P/D router unit whose unit file to look for in /etc/systemd/system; omitted, it is not looked for.
     type: str
+  engine_user:
+    description:
+      - The engine's service account. With I(engine_python), I(engine_run_as) says which account the role runs the
+        engine's Python as (never root from a path another account can change).
+    type: str
+  engine_python:
+    description: The engine's Python, checked with I(engine_user).
+    type: path
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -94,6 +102,14 @@ router_unit_file:
   description: With I(router_unit), whether its unit file is in /etc/systemd/system (a link counts).
   returned: when router_unit is given
   type: bool
+engine_run_as:
+  description:
+    - The account to run the engine's Python as (C(runuser -u)) - I(engine_user) when the module runs as root and
+      the account exists on the node. Empty - run it as the connecting account, which is root only when the engine
+      account does not exist (yet) and no account but root can change what the Python executes; otherwise the task
+      fails naming the path and its owner.
+  returned: when engine_user and engine_python are given
+  type: str
 """
 
 import json
@@ -101,6 +117,7 @@ import os
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet.engine_env import EngineEnvError, popen_kwargs
 from ansible.module_utils.llmfleet.node_probe import read_file
 
 UNIT_DIR = "/etc/systemd/system"
@@ -118,6 +135,8 @@ def argument_spec() -> dict:
         "credentials_dir": {"type": "path", "required": True},
         "deployment": {"type": "str", "required": True},
         "router_unit": {"type": "str"},
+        "engine_user": {"type": "str"},
+        "engine_python": {"type": "path"},
     }
 
 
@@ -185,7 +204,18 @@ def probe(p: dict) -> dict:
     }
     if p["router_unit"]:
         result["router_unit_file"] = os.path.lexists(os.path.join(UNIT_DIR, p["router_unit"]))
+    if p["engine_user"] and p["engine_python"]:
+        result["engine_run_as"] = engine_run_as(p["engine_user"], p["engine_python"])
     return result
+
+
+def engine_run_as(user: str, python: str) -> str:
+    """The account to drop to before running the engine's Python ("" for none: engine_env.popen_kwargs decides)."""
+    try:
+        kw = popen_kwargs(python, user, what="the engine's Python")
+    except EngineEnvError as e:
+        raise ProbeError(str(e)) from None
+    return user if "user" in kw or "preexec_fn" in kw else ""
 
 
 def build_module() -> AnsibleModule:

@@ -6,6 +6,7 @@ needed (these tests need root to chown and to drop privileges)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -189,14 +190,14 @@ def test_the_lab_engine_python_passes():
 
 
 def test_no_task_runs_the_engine_python_as_root():
-    """A command task that execs llmfleet_engine_python runs as the engine account (runuser), never as root."""
+    """A command task that execs llmfleet_engine_python runs it as the engine account (runuser with the account the
+    plan's probe names), never as root unconditionally."""
     bad = []
     for f in sorted(ROOT.glob("roles/*/tasks/*.yml")):
         for task in yaml.safe_load(f.read_text()) or []:
             for key in ("ansible.builtin.command", "ansible.builtin.shell"):
-                args = (task.get(key) or {}) if isinstance(task.get(key), dict) else {}
-                argv = args.get("argv") or str(task.get(key) or "").split()
-                if argv and "llmfleet_engine_python" in str(argv[0]):
+                text = json.dumps(task.get(key) or "")
+                if "llmfleet_engine_python" in text and not ("runuser" in text and "engine_run_as" in json.dumps(task)):
                     bad.append(f"{f.relative_to(ROOT)}: {task.get('name')}")
     assert bad == []
 
@@ -207,3 +208,14 @@ def test_writers_names_each_kind_of_account():
     sticky = os.stat_result((0o41777, 0, 0, 0, 0, 0, 0, 0, 0, 0))
     assert engine_env.writers(sticky, ancestor=True) == []
     assert engine_env.writers(sticky) == ["every user"]
+
+
+def test_the_plan_probe_names_the_account_the_fit_probe_runs_as(public_dir):
+    import llmfleet_engine_probe as probe
+
+    py = venv(public_dir / "venv")
+    assert probe.engine_run_as("nobody", str(py)) == "nobody"
+    assert probe.engine_run_as("llmfleet-no-such-user", str(py)) == ""  # root, from a path only root can change
+    os.chown(py, NOBODY.pw_uid, -1)
+    with pytest.raises(probe.ProbeError, match="owner nobody"):
+        probe.engine_run_as("llmfleet-no-such-user", str(py))
