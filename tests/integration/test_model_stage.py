@@ -77,6 +77,22 @@ def test_a_damaged_source_is_never_published(lab, tmp_path, damage):
         assert rev(model) not in tree and "current" not in tree, tree
 
 
+def test_a_link_out_of_the_source_is_refused_by_name(lab, tmp_path):
+    """A source file linked to a root-only file on the nodes would be staged as root, readable by every
+    user, and served to peers: the play fails naming the link and where it points, nothing is staged."""
+    model = "link-out"
+    d = fresh_model(lab, model)
+    (d / "notes.txt").symlink_to("/etc/shadow")
+    cp = run_ansible(*stage_args(tmp_path, model, rev(model)), check=False)
+    out = " ".join(cp.stdout.split())
+    assert cp.returncode != 0
+    assert "notes.txt is a link to /etc/shadow, outside the source" in out, out[-3000:]
+    assert "model_stage_source_allow_links_into" in out
+    for i in range(1, LAB_NODES + 1):
+        tree = node_tree(lab, f"node{i}", model)
+        assert rev(model) not in tree and "current" not in tree, tree
+
+
 def _progress(lab, node, model, revision):
     cp = ssh(lab, node, f"cat /var/lib/llmfleet/stage/{model}-{revision}.progress.json", check=False)
     return json.loads(cp.stdout) if cp.returncode == 0 and cp.stdout.strip() else {}
