@@ -100,7 +100,8 @@ def trusted_paths(exe: str) -> list[tuple[str, bool]]:
 
 
 def unsafe_paths(exe: str, allowed: tuple[int, ...] = (0,)) -> list[dict[str, Any]]:
-    """[{path, owner, mode, writable_by}] for every path `exe` trusts that an account besides `allowed` can change."""
+    """[{path, owner, group, mode, writable_by}] for every path `exe` trusts that an account besides `allowed` can
+    change."""
     out = []
     for path, ancestor in trusted_paths(exe):
         try:
@@ -145,7 +146,7 @@ def popen_kwargs(command: str, run_as: str | None, env: dict[str, str] | None = 
         pw = pwd.getpwnam(run_as) if run_as and run_as != "root" else None
     except KeyError:
         pw = None  # no engine on this node yet (the base role creates the account): root, if nothing is writable
-    if pw is not None:
+    if pw is not None and pw.pw_uid != 0:  # an account with uid 0 is root: checked as root
         groups = sorted(set(os.getgrouplist(run_as, pw.pw_gid)))
         base.update(HOME=pw.pw_dir, USER=run_as, LOGNAME=run_as)
         if sys.version_info >= (3, 9):  # noqa: UP036 (nodes run Python >= 3.8; the CLI's own floor is 3.11)
