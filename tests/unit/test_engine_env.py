@@ -202,6 +202,18 @@ def test_no_task_runs_the_engine_python_as_root():
     assert bad == []
 
 
+def test_every_module_task_that_runs_the_engine_names_the_account():
+    """The modules that exec the engine's program (its --help, the NCCL check's ranks) are told the engine account in
+    every task, so root runs nothing from the engine's environment when the account exists."""
+    bad = []
+    for f in sorted(ROOT.glob("roles/*/tasks/*.yml")):
+        for task in yaml.safe_load(f.read_text()) or []:
+            for key in ("llmfleet_engine_flags", "llmfleet_nccl_check"):
+                if key in task and not str((task[key] or {}).get("run_as", "")).strip():
+                    bad.append(f"{f.relative_to(ROOT)}: {task.get('name')}")
+    assert bad == []
+
+
 def test_writers_names_each_kind_of_account():
     st = os.stat_result((0o40777, 0, 0, 0, NOBODY.pw_uid, NOBODY.pw_gid, 0, 0, 0, 0))
     assert engine_env.writers(st) == ["its owner nobody", f"group {engine_env._group(NOBODY.pw_gid)}", "every user"]
