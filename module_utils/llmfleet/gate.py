@@ -48,6 +48,7 @@ from .net import connect_state
 PHASE_ORDER = ("started", *PHASES)
 SHOW_PROPS = "ActiveState,SubState,Result,NRestarts,ExecMainCode,ExecMainStatus,MainPID,InvocationID"
 DEFAULT_PROMPT = "What is 37\u00d719? Reply with only the number."
+DEFAULT_EXPECT = "703"  # DEFAULT_PROMPT's answer
 # Root-only parts of every remote script run as root: directly when the login is root, else through
 # passwordless sudo (the gate cannot answer a password prompt; -n makes sudo fail instead of asking).
 AS_ROOT = 'if [ "$(id -u)" -eq 0 ]; then exec sh -c "$0"; else exec sudo -n -- sh -c "$0"; fi'
@@ -299,8 +300,9 @@ def port_open(host: str, port: int, timeout: float = 2) -> bool:
 THINK_TAG = re.compile(r"</?think>")
 
 
-def chat_check(base: str, model: str, prompt: str, expect: str, *, api_key: str | None, timeout: float) -> dict:
-    body = {
+def chat_body(model: str, prompt: str) -> dict:
+    """The question as a chat completion request (the gate's, and the wrapper's serving health probe's)."""
+    return {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "temperature": 0,
@@ -309,7 +311,10 @@ def chat_check(base: str, model: str, prompt: str, expect: str, *, api_key: str 
         # never stripped: clients would show it to users (the leak the field reports rejected).
         "chat_template_kwargs": {"enable_thinking": False},
     }
-    code, resp = http("POST", f"{base}/v1/chat/completions", body, api_key, timeout)
+
+
+def judge_chat(code: int, resp: Any, prompt: str, expect: str) -> dict:
+    """The answer to chat_body's request, judged: {"ok", "why", "final", "answer"}."""
     if code != 200 or not isinstance(resp, dict):
         # A 4xx says the request is refused (bad max_tokens, wrong key, unknown model): asking again
         # cannot help, so it is final; 5xx and connection errors may pass while the engine warms up.
@@ -330,6 +335,11 @@ def chat_check(base: str, model: str, prompt: str, expect: str, *, api_key: str 
     if answer.rstrip(".。 ") != expect:
         return {"ok": False, "why": f"asked {prompt!r}, expected {expect!r}, got {answer[:200]!r}", "answer": answer}
     return {"ok": True, "answer": answer}
+
+
+def chat_check(base: str, model: str, prompt: str, expect: str, *, api_key: str | None, timeout: float) -> dict:
+    code, resp = http("POST", f"{base}/v1/chat/completions", chat_body(model, prompt), api_key, timeout)
+    return judge_chat(code, resp, prompt, expect)
 
 
 def http_text(url: str, api_key: str | None = None, timeout: float = 10) -> tuple[int, str]:
@@ -468,7 +478,7 @@ class Gate:
         model: str,
         api_key: str | None = None,
         prompt: str = DEFAULT_PROMPT,
-        expect: str = "703",
+        expect: str = DEFAULT_EXPECT,
         deadline: float = 3600,
         poll: float = 0.5,
         journal_lines: int = 40,

@@ -96,6 +96,14 @@ SPECS: dict[str, tuple[str, str]] = {
         "The first rank that logged an error in the last run (value 1).",
     ),
     "llmfleet_engine_terminations_total": ("counter", "Engine runs ended, by the wrapper's verdict."),
+    # serving health (llmfleet exec --health-url --metrics-dir, llmfleet_health_<unit>.prom, after each probe)
+    "llmfleet_engine_health_last_good_timestamp_seconds": (
+        "gauge",
+        "Unix time of the last health probe answered correctly (absent before the first good one).",
+    ),
+    "llmfleet_engine_health_last_good_latency_seconds": ("gauge", "Seconds the last good health probe took."),
+    "llmfleet_engine_health_failures": ("gauge", "Health probes failed in a row (0 after a good one)."),
+    "llmfleet_engine_health_last_probe_timestamp_seconds": ("gauge", "Unix time of the last health probe."),
     # acceptance (acceptance role, llmfleet_acceptance_<deployment>.prom)
     "llmfleet_acceptance_accepted": ("gauge", "1 when every hard gate and required capability passed."),
     "llmfleet_acceptance_check_state": ("gauge", "1 for the verdict a check got, 0 for the other verdicts."),
@@ -120,7 +128,7 @@ SPECS: dict[str, tuple[str, str]] = {
 # increase() sees the first of each.
 VERDICTS = (
     "clean-stop", "stop-timeout", "exit-code", "unrequested-exit-0", "peer-failed", "deployment-stopped",
-    "link-failed", "core-dump", "oom-kill", "signal", "exec-failed",
+    "link-failed", "core-dump", "oom-kill", "signal", "exec-failed", "unhealthy-while-serving",
 )  # fmt: skip
 ACCEPT_VERDICTS = ("pass", "fail", "not-supported", "not-configured", "skipped")  # accept_checks.VERDICTS
 BENCH_STATUSES = ("OK", "FAILED", "NOT_EXECUTED")  # servebench
@@ -667,6 +675,29 @@ def engine_termination_families(
         total.add(counts[v], **lab, verdict=v)
     fams.append(total)
     return fams
+
+
+def health_families(health: dict[str, Any], *, unit: str | None, deployment: str = "", node: str = "") -> list[Family]:
+    """The wrapper's serving health (HealthProbe.snapshot()) as metrics."""
+    lab = {"deployment": deployment or deployment_of(unit), "node": node, "unit": unit or ""}
+    fams = [family("llmfleet_engine_health_failures").add(int(health.get("failures_in_row") or 0), **lab)]
+    last = health.get("last") or {}
+    for name, value in (
+        ("llmfleet_engine_health_last_good_timestamp_seconds", health.get("last_good_at")),
+        ("llmfleet_engine_health_last_good_latency_seconds", health.get("last_good_latency_s")),
+        ("llmfleet_engine_health_last_probe_timestamp_seconds", last.get("at")),
+    ):
+        if _num(value) is not None:
+            fams.append(family(name).add(value, **lab))
+    return fams
+
+
+def write_health_metrics(
+    directory: str, health: dict[str, Any], *, unit: str | None, deployment: str = "", node: str = ""
+) -> str:
+    """llmfleet_health_<unit>.prom beside the termination file, rewritten after each probe."""
+    name = "llmfleet_health_" + engine_textfile_name(unit, deployment)[len("llmfleet_engine_") :]
+    return write_textfile(directory, name, render(health_families(health, unit=unit, deployment=deployment, node=node)))
 
 
 def write_engine_metrics(directory: str, record: dict[str, Any], *, deployment: str = "", node: str = "") -> str:

@@ -10,7 +10,8 @@ This module composes the parts and holds the command line; each part is a module
 this one: logobserver (phases, READY, error lines, ranks), wrapper_pump (output pass-through),
 wrapper_process (process group, signals, stop deadline), wrapper_record (verdict, reason, record files),
 wrapper_cgroup (unit, OOM counter), wrapper_secrets (credentials, redaction), wrapper_notify (sd_notify),
-wrapper_link (the deployment link: the wrappers of a multi-node deployment stop and restart together).
+wrapper_link (the deployment link: the wrappers of a multi-node deployment stop and restart together),
+wrapper_health (serving health: the gate's question asked again after READY).
 Their public names stay importable from here.
 
 Stdlib only, Python >= 3.8: it is copied to nodes and imported as ``ansible.module_utils.llmfleet.wrapper``.
@@ -27,6 +28,7 @@ import threading
 import time
 
 from .fabric_key import FabricKeyError, parse_key
+from .gate import DEFAULT_EXPECT, DEFAULT_PROMPT
 from .logobserver import (
     DEFAULT_READY_REGEX,
     ERROR_PATTERN,
@@ -39,8 +41,9 @@ from .logobserver import (
     log_level,
     rank_of,
 )
-from .metrics import write_engine_metrics
+from .metrics import write_engine_metrics, write_health_metrics
 from .wrapper_cgroup import oom_counter_file, oom_evidence, oom_read, read_oom_counters, unit_of
+from .wrapper_health import HealthProbe, check_url
 from .wrapper_link import EXIT_PEER_FAILED, DeploymentLink, parse_addr
 from .wrapper_notify import Notifier
 from .wrapper_process import (
@@ -57,6 +60,7 @@ from .wrapper_pump import MAX_LINE, READER_JOIN_S, OutputPump, err
 from .wrapper_record import (
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
+    EXIT_UNHEALTHY,
     EXIT_UNREQUESTED,
     EXIT_USAGE,
     RECORD_KEEP,
@@ -83,7 +87,7 @@ from .wrapper_secrets import (
 
 __all__ = [  # what other modules and tests import from here (the names wrapper.py has always had)
     "DEFAULT_READY_REGEX", "ERROR_PATTERN", "EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_PEER_FAILED",
-    "EXIT_UNREQUESTED", "EXIT_USAGE",
+    "EXIT_UNHEALTHY", "EXIT_UNREQUESTED", "EXIT_USAGE",
     "EXTEND_EVERY_S", "FORWARDED_SIGNALS", "LEFTOVER_WAIT_S", "LINE_KEEP", "MAX_LINE", "MIN_SECRET_PART",
     "PHASES", "PHASE_PATTERNS", "POLL_S", "PROGRESS_PATTERN", "READER_JOIN_S", "RECORD_KEEP", "RECORD_KEYS",
     "REDACTED", "SCHEMA", "STOP_SIGNALS", "LogObserver", "Notifier", "Redactor", "SetupError", "Wrapper",
@@ -125,6 +129,9 @@ class Wrapper:
         self.link: DeploymentLink | None = None
         self.link_stop: dict | None = None  # the link's stop event, when the link (not systemd) stopped the engine
         self.link_key = b""
+        self.health: HealthProbe | None = None
+        self.health_key: str | None = None
+        self.unhealthy: dict | None = None  # the probe's snapshot when it stopped the engine
 
     # ---- setup
 
@@ -139,6 +146,9 @@ class Wrapper:
                 self.link_key = parse_key(value, f"credential {self.args.link_key!r}")
             except FabricKeyError as e:
                 raise SetupError(str(e)) from None
+        if self.args.health_url and self.args.health_key:  # the probe's API key: a header, never argv or output
+            self.health_key = read_credential(self.args.health_key)
+            self.redact.add(self.health_key)
         return env
 
     def _setup(self) -> dict[str, str]:
@@ -171,6 +181,7 @@ class Wrapper:
         if ev["ready"]:
             self.notifier.send("READY=1", f"STATUS=ready: engine phase {self.obs.phase_name()}")
             self._write_status()
+            self._start_health()
 
     def _extend(self) -> None:
         """Push systemd's start timeout out while the engine makes progress (loading takes minutes)."""
@@ -181,11 +192,64 @@ class Wrapper:
 
     def _on_stop(self) -> None:
         """The first stop request (main thread, after the engine set its stop deadline)."""
-        self.notifier.send("STOPPING=1", f"STATUS=stopping ({signal_name(self.engine.stop_signal)})")
-        if self.link is not None and self.link_stop is None:  # asked here (systemd): the deployment stops with it
+        if self.health is not None:
+            self.health.close()  # a probe in flight ends now: it never delays a stop
+        if self.unhealthy is not None:
+            self.notifier.send("STOPPING=1", "STATUS=stopping: unhealthy while serving")
+            if self.link is not None:  # a failure, not a request: every node stops, and systemd restarts them
+                self.link.engine_ended(True, self._unhealthy_reason())
+        else:
+            self.notifier.send("STOPPING=1", f"STATUS=stopping ({signal_name(self.engine.stop_signal)})")
+        if self.link is not None and self.link_stop is None and self.unhealthy is None:
+            # asked here (systemd): the deployment stops with it
             self.link.local_stop(f"stop requested ({signal_name(self.engine.stop_signal)})")
         with self.lock:
             self._write_status()
+
+    # ---- serving health (wrapper_health)
+
+    def _start_health(self) -> None:
+        """From READY on (caller holds self.lock)."""
+        a = self.args
+        if not a.health_url or self.health is not None or self.engine.stop_requested:
+            return
+        self.health = HealthProbe(
+            a.health_url, a.health_model, a.health_prompt, a.health_expect, api_key=self.health_key,
+            interval=a.health_interval, timeout=a.health_timeout, failures=a.health_failures,
+            on_probe=self._on_probe, on_unhealthy=self._on_unhealthy,
+            stopping=lambda: self.engine.stop_requested,
+        )  # fmt: skip
+        self.health.start()
+
+    def _on_probe(self, snap: dict) -> None:
+        """After each probe (the probe's thread): the live status and the health metrics."""
+        last = snap["last"] or {}
+        if not last.get("ok"):
+            err(f"health: probe failed ({snap['failures_in_row']}/{snap['failures_allowed']}): "
+                f"{self.redact.text(str(last.get('error')))}")  # fmt: skip
+        with self.lock:
+            self._write_status()
+        if self.args.metrics_dir:
+            try:
+                write_health_metrics(self.args.metrics_dir, snap, unit=unit_of(self.cgroup_text),
+                                     deployment=self.args.deployment or "", node=self.args.link_node)  # fmt: skip
+            except Exception as e:  # metrics never change what the wrapper does
+                err(f"warning: health metrics not written to {self.args.metrics_dir}: {e}")
+
+    def _unhealthy_reason(self) -> str:
+        snap = self.unhealthy or {}
+        last = (snap.get("last") or {}).get("error")
+        a = self.args
+        return (f"hung while serving: {snap.get('failures_in_row')} health probes in a row failed "
+                f"(every {a.health_interval:g} s, {a.health_timeout:g} s each); last: {last}")  # fmt: skip
+
+    def _on_unhealthy(self, snap: dict) -> None:
+        """N failures in a row (the probe's thread): stop the engine's group as on a stop request."""
+        if self.engine.stop_requested:
+            return  # a stop (systemd, the link) came first: that is this run's story
+        self.unhealthy = snap
+        err(f"health: {self.redact.text(self._unhealthy_reason())}; stopping the engine")
+        self.engine.request_stop()
 
     # ---- status and record
 
@@ -193,6 +257,7 @@ class Wrapper:
         known = known_fields(
             argv=self.argv, cgroup_text=self.cgroup_text, started_at=self.started_at, engine=self.engine, obs=self.obs
         )
+        known["health"] = self.health.snapshot() if self.health is not None else None
         known["link"] = None
         if self.link is not None:
             known["link"] = {
@@ -388,6 +453,11 @@ class Wrapper:
         )
         child = child_fields(exit_code, sig, core)
         reason = explain(verdict, code, child, oom, oom_why, engine=self.engine, hint=self.obs.hint())
+        if self.health is not None:
+            self.health.close()
+        if self.unhealthy is not None:  # the probe asked for the stop: whatever the engine did on SIGTERM
+            code, verdict = EXIT_UNHEALTHY, "unhealthy-while-serving"
+            reason = f"{self._unhealthy_reason()}; the engine was stopped ({reason})"
         if self.link is not None:
             code, verdict, reason = self._end_link(by_link, code, verdict, reason)
         self._finish(code, verdict, reason, child=child, oom=oom, left=left)
@@ -403,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and write a termination record. Details: docs/wrapper.md.",
         epilog=f"exit codes: 0 stopped on request; {EXIT_UNREQUESTED} the engine exited 0 without a stop request; "
         f"{EXIT_PEER_FAILED} stopped because another node of the deployment failed (or the link did); "
+        f"{EXIT_UNHEALTHY} stopped because the serving health probe failed --health-failures times in a row; "
         "n the engine's exit code; 128+s killed by signal s (137 also: ignored the stop signal past --stop-timeout); "
         "2 usage or missing credential; 126/127 cannot execute CMD.",
     )
@@ -436,6 +507,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "text file DIR/llmfleet_engine_<unit>.prom for node_exporter (docs/metrics.md)")  # fmt: skip
     ap.add_argument("--deployment", metavar="NAME", help="the deployment label of the metrics (default: from the "
                     "unit's name llmfleet-NAME.service)")  # fmt: skip
+    ap.add_argument("--health-url", metavar="URL", help="from READY on, ask the engine's API there (its base, "
+                    "e.g. http://127.0.0.1:30000) the readiness gate's question, every --health-interval")  # fmt: skip
+    ap.add_argument("--health-model", default="", metavar="NAME", help="the model name of the health question")
+    ap.add_argument("--health-interval", type=float, default=30.0, metavar="SEC", help="seconds between health "
+                    "probes (default 30)")  # fmt: skip
+    ap.add_argument("--health-timeout", type=float, default=20.0, metavar="SEC", help="a probe without a complete, "
+                    "correct answer this long has failed (the whole answer, default 20)")  # fmt: skip
+    ap.add_argument("--health-failures", type=int, default=3, metavar="N", help="this many failed probes in a row "
+                    f"stop the engine: exit {EXIT_UNHEALTHY}, unhealthy-while-serving (default 3)")  # fmt: skip
+    ap.add_argument("--health-prompt", default=DEFAULT_PROMPT, metavar="TEXT", help="the question (default: the "
+                    "readiness gate's)")  # fmt: skip
+    ap.add_argument("--health-expect", default=DEFAULT_EXPECT, metavar="TEXT", help="its answer (default "
+                    f"{DEFAULT_EXPECT})")  # fmt: skip
+    ap.add_argument("--health-key", metavar="CRED", help="the API key for the probe, $CREDENTIALS_DIRECTORY/CRED "
+                    "(LoadCredential=); sent as a header only")  # fmt: skip
     ap.add_argument("--secret-config", action="append", metavar="OPT:KEY=CRED", help="write 'KEY: <secret>' to a "
                     "private YAML file and pass --OPT FILE to the engine")  # fmt: skip
     return ap
@@ -462,6 +548,18 @@ def _link_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _health_problem(args: argparse.Namespace) -> str | None:
+    if not args.health_url:
+        return None
+    if not args.health_model:
+        return "--health-url needs --health-model NAME (the served model name the question goes to)"
+    if args.health_interval <= 0 or args.health_timeout <= 0 or args.health_failures < 1:
+        return "--health-interval and --health-timeout must be > 0, --health-failures >= 1"
+    if args.health_key and not re.fullmatch(r"[A-Za-z0-9_.@-]+", args.health_key):
+        return f"--health-key {args.health_key!r}: a credential name (no '/')"
+    return check_url(args.health_url)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     opts, cmd = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, None)
@@ -478,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.tail_lines < 0 or args.ready_count < 1 or args.stop_timeout <= 0 or args.extend_timeout <= 0:
         problem = "--tail-lines must be >= 0, --ready-count >= 1, --stop-timeout and --extend-timeout > 0"
     else:
-        problem = _link_problem(args)
+        problem = _link_problem(args) or _health_problem(args)
     if not problem:
         try:
             re.compile(args.ready_regex or DEFAULT_READY_REGEX)

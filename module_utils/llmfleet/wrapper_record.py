@@ -23,10 +23,12 @@ RECORD_KEYS = (  # the documented order (docs/wrapper.md); other code reads thes
     "schema", "host", "unit", "invocation_id", "argv", "wrapper_pid", "child_pid", "started_at", "started_at_iso",
     "ended_at", "ended_at_iso", "duration_s", "stop_requested", "stop_signal", "stop_requested_at",
     "killed_after_timeout", "child", "exit_code", "verdict", "reason", "oom_kill", "left_over_pids", "phase", "phases",
-    "ready", "ready_at", "failed_rank", "first_error", "link", "tail",
+    "ready", "ready_at", "failed_rank", "first_error", "link", "health", "tail",
 )  # fmt: skip
 # EX_SOFTWARE: an engine that exits 0 without a stop request has failed (Restart=on-failure must fire).
 EXIT_UNREQUESTED = 70
+# EX_UNAVAILABLE: the serving health probe failed --health-failures times in a row (Restart=on-failure fires).
+EXIT_UNHEALTHY = 69
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126

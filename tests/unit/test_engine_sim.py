@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tests.helpers.ckpt import make_checkpoint
 from tests.lab.engine_sim import answers, api, checkpoint, faults
 
 ROOT = Path(__file__).resolve().parents[2]
+WRAP = [sys.executable, "-m", "llmfleet", "exec"]  # the real wrapper, as the unit runs it
 BIN = ROOT / "tests" / "lab" / "sim-bin"
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (gloo)")
 Q_ZH = "计算 37\u00d719\uff0c只回答数字。"  # "calculate 37 times 19, answer with the number only"
@@ -67,10 +69,11 @@ def free_port() -> int:
 class Node:
     """One node main process (what the unit's wrapper would start), output to a file."""
 
-    def __init__(self, flavour: str, args: list[str], env: dict[str, str], log: Path):
+    def __init__(self, flavour: str, args: list[str], env: dict[str, str], log: Path, argv: list | None = None):
         self.log = log
         with open(log, "wb") as f:
-            self.p = subprocess.Popen([str(BIN / flavour), *map(str, args)], stdout=f, stderr=subprocess.STDOUT,
+            argv = argv or [BIN / flavour, *args]  # argv: the node main under another command (the wrapper)
+            self.p = subprocess.Popen(list(map(str, argv)), stdout=f, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, env=env, start_new_session=True)  # fmt: skip
 
     @property
@@ -102,10 +105,10 @@ def lab(tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpt", shards=2, tensors_per_shard=4, shape=(8, 16))
     state = tmp_path / "state"
 
-    def start(flavour, args, name, **env):
+    def start(flavour, args, name, argv=None, **env):
         full = {k: v for k, v in os.environ.items() if not k.startswith(("LLMFLEET_SIM_", "VLLM_"))}
         full.update(GLOO_SOCKET_IFNAME="lo", LLMFLEET_SIM_STATE_DIR=str(state), **env)
-        node = Node(flavour, args, full, tmp_path / f"{name}.log")
+        node = Node(flavour, args, full, tmp_path / f"{name}.log", argv)
         started.append(node)
         return node
 
@@ -212,7 +215,8 @@ def test_chat_generation_thinking_tools_and_length():
 @pytest.mark.parametrize(
     "spec",
     ["crash:rank=1:phase=load:exit=3", "crash:rank=0:phase=serve:signal=SEGV:after=2.5:once", "hang:rank=2:phase=rendezvous",
-     "slow_load:seconds=3", "slow_load:seconds=1:rank=1:once", "no_done", "no_done:once"],
+     "slow_load:seconds=3", "slow_load:seconds=1:rank=1:once", "no_done", "no_done:once", "hang:rank=0:phase=serve",
+     "hang:rank=0:phase=serve:after=2.5:once"],
 )  # fmt: skip
 def test_fault_specs_parse(spec):
     f = faults.parse_fault(spec, world=4)
@@ -223,7 +227,8 @@ def test_fault_specs_parse(spec):
     ("spec", "why"),
     [("boom:rank=1", "unknown kind"), ("crash:rank=1", "needs phase"), ("crash:rank=x:phase=load", "not an integer"),
      ("crash:rank=4:phase=load", "no such global rank"), ("crash:rank=0:phase=warmup", "phase='warmup'"),
-     ("hang:rank=0:phase=serve", "phase='serve'"), ("crash:rank=0:phase=load:signal=HUP", "SEGV"),
+     ("hang:rank=1:phase=serve", "rank=0 (the API's rank)"), ("hang:rank=0:phase=load:after=1", "after= is for"),
+     ("hang:rank=0:phase=warmup", "phase='warmup'"), ("crash:rank=0:phase=load:signal=HUP", "SEGV"),
      ("crash:rank=0:phase=load:exit=3:signal=KILL", "exclude"), ("slow_load:rank=1", "needs seconds"),
      ("no_done:rank=1", "not valid for no_done"), ("crash:rank=0:rank=1:phase=load", "twice")],
 )  # fmt: skip
@@ -461,6 +466,31 @@ def test_vllm_single_node_tp2_serves_with_env_api_key_and_no_done_fault(lab):
     assert sse(port, "/v1/completions", {"prompt": "37\u00d719"}, key="k1")[-1] == "[DONE]"
     node.p.send_signal(signal.SIGTERM)
     assert node.wait(30) == 0, node.out[-3000:]
+
+
+@needs_torch
+def test_hang_while_serving_is_found_by_the_wrappers_health_probe(lab):
+    """hang:rank=0:phase=serve: generation hangs, /health and /v1/models stay 200; the real wrapper around the
+    simulator stops it after --health-failures probes, exit 69 unhealthy-while-serving, nothing left running."""
+    port = free_port()
+    spec = "hang:rank=0:phase=serve:after=2:once"
+    rec = lab.tmp / "termination.json"
+    argv = [*WRAP, "--record", str(rec), "--health-url", f"http://127.0.0.1:{port}", "--health-model", "m1",
+            "--health-interval", "0.5", "--health-timeout", "1", "--health-failures", "2", "--",
+            str(BIN / "vllm"), "serve", lab.ckpt, "--served-model-name", "m1", "--host", "127.0.0.1", "--port", port,
+            "--distributed-timeout-seconds", 30]  # fmt: skip
+    node = lab("vllm", [], "vllm-hang", LLMFLEET_SIM_FAULT=spec, argv=argv)
+    wait_healthy(port, [node], path="/health")
+    node.wait_for("generation requests hang from now on")
+    assert call(port, "GET", "/health")[0] == 200 and call(port, "GET", "/v1/models")[0] == 200  # the port is fine
+    with pytest.raises(TimeoutError):
+        call(port, "POST", "/v1/chat/completions", chat(Q_EN), timeout=1)
+    assert node.wait(60) == wrapper.EXIT_UNHEALTHY, node.out[-3000:]
+    r = json.loads(rec.read_text())
+    assert r["verdict"] == "unhealthy-while-serving" and r["stop_requested"] and r["left_over_pids"] == 0
+    assert r["health"]["last_good_at"] is not None and r["health"]["failures_in_row"] == 2
+    assert faults.parse_fault(spec).marker(str(lab.state)).exists()  # a restarted unit comes up healthy
+    assert subprocess.run(["pgrep", "-f", lab.ckpt], capture_output=True, check=False).returncode == 1
 
 
 @needs_torch

@@ -953,12 +953,13 @@ def test_the_wrapper_parts_stand_alone_and_wrapper_py_composes_them():
     graph = {p.stem: _siblings(p) for p in [*pkg.glob("wrapper_*.py"), pkg / "logobserver.py"]}
     parts = set(graph)
     assert parts == {"logobserver", "wrapper_cgroup", "wrapper_link", "wrapper_notify", "wrapper_process", "wrapper_pump",
-                     "wrapper_record", "wrapper_secrets"}  # fmt: skip
+                     "wrapper_record", "wrapper_secrets", "wrapper_health"}  # fmt: skip
     assert graph.pop("wrapper_record") == {"logobserver", "wrapper_cgroup", "wrapper_process"}
     assert graph.pop("wrapper_link") == {"fabric_key"}  # the deployment's key, shared with the staging peer server
+    assert graph.pop("wrapper_health") == {"gate"}  # the readiness gate's question and its judge, one copy
     assert all(imports == set() for imports in graph.values()), graph  # each part needs no other part
     # and the metrics file it writes at the end, and the fabric key it checks
-    assert _siblings(pkg / "wrapper.py") == parts | {"metrics", "fabric_key"}
+    assert _siblings(pkg / "wrapper.py") == parts | {"metrics", "fabric_key", "gate"}
     # The names wrapper.py always had stay importable from it (cli, gate and the tests import them there).
     assert all(hasattr(wrapper, name) for name in wrapper.__all__)
     assert wrapper.PHASES is logobserver.PHASES and wrapper.LogObserver is logobserver.LogObserver

@@ -104,6 +104,11 @@ class Api:
         self.log = Log(self.flavour, role="APIServer", pid=cfg["parent_pid"])  # vLLM: the node main is the API server
         self.timeout = float(os.environ.get("LLMFLEET_SIM_REQUEST_TIMEOUT", "60"))
         self.no_done = [f for f in rank.faults if f.kind == "no_done"]
+        # hang:rank=0:phase=serve: from `after` s past the API's start every generation request hangs, while the
+        # port, /health and /v1/models keep answering (a stuck scheduler or collective the engine never ends).
+        self.hangs = [f for f in rank.faults if f.kind == "hang" and f.phase == "serve"]
+        self.started = time.monotonic()
+        self.hung = threading.Event()  # set once the hang fired (its WARNING line is printed once)
         self.server: ThreadingHTTPServer | None = None
 
     def start(self) -> None:
@@ -114,6 +119,7 @@ class Api:
         self.server = Server((cfg["host"], cfg["http_port"]), handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+        self.started = time.monotonic()
         shown = f"http://{cfg['shown_host']}:{cfg['http_port']}"
         if self.flavour == "vllm":  # vLLM 0.32 prints no `Uvicorn running on`
             self.log("Supported tasks: ['generate']", src="entry.py:136")
@@ -137,6 +143,17 @@ class Api:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+
+    def hang_now(self) -> bool:
+        for f in self.hangs:
+            if time.monotonic() - self.started >= f.after:
+                if not self.hung.is_set():
+                    self.hung.set()
+                    mark_fired(f, self.cfg["state_dir"])
+                    self.log(f"injected fault {f.spec} (LLMFLEET_SIM_FAULT): generation requests hang from now on",
+                             "WARNING")  # fmt: skip
+                return True
+        return False
 
     def no_done_now(self) -> bool:
         for f in self.no_done:
@@ -291,6 +308,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             gen = chat_gen(req, api.cfg) if chat else completion_gen(req, api.cfg)
         except RequestError as e:
             return self.error(e.status, e.message, e.kind, e.param)
+        if api.hang_now():
+            while not state.draining:  # never answered; a stop's drain ends it without an answer
+                time.sleep(0.2)
+            self.close_connection = True
+            return 499  # uvicorn's access line for a client that got nothing
         err = state.submit(api.timeout)
         if err is not None:
             return self.error(500, err, "InternalServerError")

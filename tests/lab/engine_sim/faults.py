@@ -14,12 +14,12 @@ from typing import Any
 PHASES = ("start", "rendezvous", "load", "serve")
 FAULT_KEYS = {
     "crash": {"rank", "phase", "exit", "signal", "after"},
-    "hang": {"rank", "phase"},
+    "hang": {"rank", "phase", "after"},
     "slow_load": {"seconds", "rank"},
     "no_done": set(),
 }
 FAULT_REQUIRED = {"crash": {"rank", "phase"}, "hang": {"rank", "phase"}, "slow_load": {"seconds"}, "no_done": set()}
-FAULT_PHASES = {"crash": PHASES, "hang": ("rendezvous", "load")}
+FAULT_PHASES = {"crash": PHASES, "hang": ("rendezvous", "load", "serve")}
 FAULT_SIGNALS = {"SEGV": signal.SIGSEGV, "KILL": signal.SIGKILL, "ABRT": signal.SIGABRT}
 
 
@@ -101,6 +101,10 @@ def parse_fault(spec: str, world: int | None = None) -> Fault:
         raise FaultSpecError(f"{spec!r}: {kind} needs {', '.join(sorted(missing))}")
     if "phase" in vals and vals["phase"] not in FAULT_PHASES[kind]:
         raise FaultSpecError(f"{spec!r}: phase={vals['phase']!r}: one of {', '.join(FAULT_PHASES[kind])}")
+    if kind == "hang" and vals["phase"] == "serve" and vals["rank"] != 0:
+        raise FaultSpecError(f"{spec!r}: phase=serve hangs the API's generation requests: rank=0 (the API's rank)")
+    if kind == "hang" and "after" in vals and vals["phase"] != "serve":
+        raise FaultSpecError(f"{spec!r}: after= is for phase=serve (a hang at {vals['phase']} is at once)")
     if "exit" in vals and "signal" in vals:
         raise FaultSpecError(f"{spec!r}: exit= and signal= exclude each other")
     return Fault(spec=spec, kind=kind, once=once, **vals)
