@@ -43,7 +43,8 @@ PLAY = """
 
     - name: What the wrapper and the unit get
       ansible.builtin.copy:
-        content: "{{ {'secret_args': _engine_secret_args, 'credentials': _engine_credentials} | to_json }}"
+        content: "{{ {'secret_args': _engine_secret_args, 'credentials': _engine_credentials,
+                     'health_args': _engine_health_args} | to_json }}"
         dest: "{{ out_dir }}/out.json"
         mode: "0644"
 
@@ -267,9 +268,27 @@ def test_bad_secret_env_names_are_refused(tmp_path, name):
 
 
 def test_vllm_gets_the_key_as_an_environment_variable(tmp_path):
-    rc, out, d = play(tmp_path, engine_profile="vllm", llmfleet_api_key=KEY)
+    rc, out, d = play(tmp_path, engine_profile="vllm", llmfleet_api_key=KEY, engine_health_timeout=120,
+                      engine_health_prompt="Reply with exactly PONG.", engine_health_expect="PONG")  # fmt: skip
     assert rc == 0, out[-3000:]
-    assert results(d)[0]["secret_args"] == ["--secret-env", "VLLM_API_KEY=api-key"]
+    got = results(d)[0]
+    assert got["secret_args"] == ["--secret-env", "VLLM_API_KEY=api-key"]
+    # The health probe gets the key as the same credential (a name, never the value), and the tuned question.
+    assert got["health_args"] == [
+        "--health-url", "http://127.0.0.1:8000", "--health-model", "m", "--health-interval", "30", "--health-timeout",
+        "120", "--health-failures", "3", "--health-prompt", "Reply with exactly PONG.", "--health-expect", "PONG",
+        "--health-key", "api-key"]  # fmt: skip
+    assert KEY not in json.dumps(got)
+
+
+def test_the_head_probes_its_serving_health_by_default(default_play):
+    rc, out, d = default_play
+    assert rc == 0, out[-3000:]
+    # SGLang's default host is 127.0.0.1, its port 30000; the gate's question; no key configured, no --health-key.
+    assert results(d)[0]["health_args"] == [
+        "--health-url", "http://127.0.0.1:30000", "--health-model", "m", "--health-interval", "30", "--health-timeout",
+        "20", "--health-failures", "3", "--health-prompt", "What is 37×19? Reply with only the number.",
+        "--health-expect", "703"]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,6 +437,12 @@ PD_PLAY = """
         dest: "{{ out_dir }}/{{ inventory_hostname }}.argv.json"
         mode: "0644"
 
+    - name: This node's serving health probe (and the router's)
+      ansible.builtin.copy:
+        content: "{{ {'engine': _engine_health_args, 'router': _engine_router_health_args} | to_json }}"
+        dest: "{{ out_dir }}/{{ inventory_hostname }}.health.json"
+        mode: "0644"
+
     - name: This node's env file
       ansible.builtin.template:
         src: "{{ role_dir }}/templates/engine.env.j2"
@@ -496,6 +521,11 @@ def test_pd_roles_come_from_host_vars_and_each_instance_gets_its_side_channel(de
     assert "VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.1\nVLLM_NIXL_SIDE_CHANNEL_PORT=5600\n" in env1
     assert "VLLM_HOST_IP=10.0.0.1" in env1 and "LLMFLEET_PD_ROLE=prefill" in env1 and "UCX_TLS=tcp,cuda_copy" in env1
     assert "VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.2" in (d / "pd2.env").read_text()
+    # Serving health: each instance probes its own API, the head's router wrapper the router.
+    for host in ("pd1", "pd2"):
+        health = json.loads((d / f"{host}.health.json").read_text())
+        assert health["engine"][:4] == ["--health-url", "http://127.0.0.1:8000", "--health-model", "m"], health
+    assert json.loads((d / "pd1.health.json").read_text())["router"][:2] == ["--health-url", "http://127.0.0.1:30000"]
     # The gate asks each instance at its SSH address, the router reaches it on the fabric.
     assert [(n["name"], n["rank"], n["api_base"], n["pd_role"]) for n in json.loads((d / "gate.json").read_text())] == [
         ("pd1", 0, "http://10.9.0.1:8000", "prefill"), ("pd2", 1, "http://10.9.0.2:8000", "decode")]  # fmt: skip
