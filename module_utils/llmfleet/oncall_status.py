@@ -1,7 +1,8 @@
 """`llmfleet status [-i INVENTORY] [DEPLOYMENT] [--json]`: is it serving? One line per node (and one for the
 P/D router): the unit's state, since when, restarts, result and exit status, the termination record's verdict
 (failed rank, first error), the wrapper's phase, the API port on the node(s) serving it, the GPU memory held by
-the unit's processes. One SSH round per node, all nodes at once. Exit 1 when anything is unhealthy.
+the unit's processes, the last serving health probe (ok/FAILED, age, latency). One SSH round per node, all nodes at
+once. Exit 1 when anything is unhealthy.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def unit_view(node: Node, spec: dict, res: dict) -> tuple[dict, list[str]]:
         "ready": status.get("ready"), "port": res.get("port") if api else None,
         "port_open": res.get("port_open") if api else None, "gpu_mib": res.get("gpu_mib"),
         "gpu_pids": res.get("gpu_pids"), "errors": res.get("errors") or [],
+        # the wrapper's serving health probe (llmfleet exec --health-url), this run's only
+        "health": status.get("health") if running and isinstance(status.get("health"), dict) else None,
     }  # fmt: skip
     problems = []
     who = f"{node.name}: {spec['unit']}"
@@ -109,6 +112,11 @@ def unit_view(node: Node, spec: dict, res: dict) -> tuple[dict, list[str]]:
         err = (record.get("first_error") or {}).get("line") or record.get("reason")
         problems.append(f"{who} ended {record['verdict']} (exit {record.get('exit_code')})"
                         f"{': ' + fr if fr else ''}: {short(err, 160)}")  # fmt: skip
+    last = (v["health"] or {}).get("last") or {}
+    if last and not last.get("ok"):
+        h = v["health"]
+        problems.append(f"{who}: serving health probe failed {h.get('failures_in_row')}/{h.get('failures_allowed')} "
+                        f"in a row: {short(last.get('error'), 120)}")  # fmt: skip
     if api and active == "active" and v["port_open"] is False:
         problems.append(f"{who}: port {v['port']} is CLOSED on {res.get('port_host')} although the unit is active")
     v["healthy"] = not problems
@@ -141,6 +149,17 @@ def assess(fleet: Fleet, results: list[NodeResult]) -> tuple[list[dict], list[st
     return nodes, problems
 
 
+def probe_text(health: dict | None, now: float) -> str:
+    """The last serving health probe: `ok 12s ago 0.31s`, `FAILED 2/3 4s ago`, or `-` (none yet, or no probe)."""
+    last = (health or {}).get("last") or {}
+    if not last:
+        return "-"
+    age = ago(last.get("at"), now)
+    if last.get("ok"):
+        return f"ok {age} ago {last.get('latency_s', 0):.2f}s"
+    return f"FAILED {health.get('failures_in_row')}/{health.get('failures_allowed')} {age} ago"
+
+
 def _row(doc: dict, v: dict, now: float) -> list[str]:
     rec = v["record"]
     if rec:
@@ -167,12 +186,15 @@ def _row(doc: dict, v: dict, now: float) -> list[str]:
     state = f"{v['active_state']}/{v['sub_state']}" if v["load_state"] == "loaded" else f"({v['load_state']})"
     restarts = "-" if v["restarts"] is None else str(v["restarts"])
     result = v["result"] or "-"
-    return [doc["node"], rank, state, since, restarts, result, v["exit"], verdict, v["phase"] or "-", port, gpu, note]
+    probe = probe_text(v["health"], now)
+    return [doc["node"], rank, state, since, restarts, result, v["exit"], verdict, v["phase"] or "-", port, probe, gpu,
+            note]  # fmt: skip
 
 
 def render(fleet: Fleet, nodes: list[dict], problems: list[str], elapsed: float) -> list[str]:
     now = time.time()
-    rows = [["NODE", "RANK", "STATE", "SINCE", "RESTARTS", "RESULT", "EXIT", "RECORD", "PHASE", "PORT", "GPU", "NOTE"]]
+    rows = [["NODE", "RANK", "STATE", "SINCE", "RESTARTS", "RESULT", "EXIT", "RECORD", "PHASE", "PORT", "PROBE", "GPU",
+             "NOTE"]]  # fmt: skip
     for d in nodes:
         if not d["reachable"]:
             rows.append([d["node"], str(d["rank"]), f"UNREACHABLE: {d['error']}"])

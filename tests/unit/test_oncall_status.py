@@ -245,3 +245,23 @@ def test_a_node_the_link_stopped_with_an_operators_stop_is_no_failure():
 
     assert not record_failed({"verdict": "deployment-stopped", "stop_requested": False})
     assert record_failed({"verdict": "peer-failed", "stop_requested": False})
+
+
+def test_the_last_serving_health_probe_is_shown_and_a_failing_one_is_a_problem(fakes, capsys):
+    sock, port = listening_port()
+    _head_serves(fakes, port)
+    now = time.time()
+    good = {"ok": True, "error": None, "at": now - 12, "latency_s": 0.31}
+    fakes.status_file("node1", health={"last": good, "failures_in_row": 0, "failures_allowed": 3})
+    rc, out = _status(fakes, capsys=capsys)
+    row = next(ln for ln in out.splitlines() if ln.startswith("node1 "))
+    assert rc == 0 and "ok 0m1" in row and "0.31s" in row, out  # 12 s (or 13 s) ago
+    bad = {"ok": False, "error": "no complete answer within 20 s", "at": now - 4, "latency_s": 20.0}
+    fakes.status_file("node1", health={"last": bad, "failures_in_row": 2, "failures_allowed": 3})
+    rc, out = _status(fakes, capsys=capsys)
+    sock.close()
+    row = next(ln for ln in out.splitlines() if ln.startswith("node1 "))
+    assert rc == 1 and "FAILED 2/3 0m0" in row, out
+    assert (
+        "node1: llmfleet-demo.service: serving health probe failed 2/3 in a row: no complete answer within 20 s" in out
+    )
