@@ -34,6 +34,7 @@ LABELS = {
     "peer-failed": "stopped: another node failed",
     "deployment-stopped": "stopped with the deployment",
     "link-failed": "could not join the deployment link",
+    "unhealthy-while-serving": "hung while serving",
     "unknown": "ended, cause not found",
 }
 NOT_FAILED = ("running", "stopped-by-operator", "deployment-stopped")

@@ -181,8 +181,12 @@ class HealthProbe:
             }
 
     def _loop(self) -> None:
-        # The first probe one interval after READY: the gate has just asked the same question.
-        while not self.done.wait(self.interval):
+        # The first probe one interval after READY (the gate has just asked the same question), then one every
+        # interval from the start of the last: a slow probe does not push the next one out, so a hang is found at
+        # most interval x failures + timeout after it began (with timeout <= interval).
+        next_at = time.monotonic() + self.interval
+        while not self.done.wait(max(0.0, next_at - time.monotonic())):
+            next_at = max(next_at + self.interval, time.monotonic())
             at = time.time()
             res = ask(self.url, self.model, self.prompt, self.expect, api_key=self.api_key,
                       timeout=self.timeout, cut=self._set_end)  # fmt: skip

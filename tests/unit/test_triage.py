@@ -696,3 +696,26 @@ def test_an_empty_kernel_log_is_not_a_format_warning():
     """journalctl -k answers "-- No entries --" where there is no kernel log (the lab's nodes): empty, not wrong."""
     report = triage.analyse(str(BUNDLES / "lab-link-heal"))
     assert not [w for w in report["warnings"] if "short-iso" in w], report["warnings"]
+
+
+def test_a_hang_while_serving_is_named_with_its_probes_and_the_peer_is_its_consequence(tmp_path):
+    """The head's wrapper stopped its engine after failed health probes (exit 69); the link stopped node n2."""
+    why = ("hung while serving: 2 health probes in a row failed (every 2 s, 2 s each); last: no complete answer "
+           "within 2 s; the engine was stopped (stopped on request with SIGTERM)")  # fmt: skip
+    head = [("03:00:00", "sd", "Starting eng..."), ("03:00:30", "sd", "Started eng."),
+            ("03:05:02", "u", "llmfleet exec: health: probe failed (1/2): no complete answer within 2 s"),
+            ("03:05:04", "u", "llmfleet exec: health: probe failed (2/2): no complete answer within 2 s"),
+            ("03:05:05", "u", f"llmfleet exec: unhealthy-while-serving: exit 69: {why}"),
+            ("03:05:05", "sd", "e.service: Main process exited, code=exited, status=69/n/a")]  # fmt: skip
+    peer = [("03:00:00", "sd", "Starting eng..."), ("03:00:30", "sd", "Started eng."),
+            ("03:05:06", "u", "llmfleet exec: link: n1 failed (unhealthy-while-serving, exit 69); stopping this "
+                              "node's engine with the deployment"),
+            ("03:05:07", "u", "llmfleet exec: peer-failed: exit 75: stopped with the deployment: n1 failed first"),
+            ("03:05:07", "sd", "e.service: Main process exited, code=exited, status=75/n/a")]  # fmt: skip
+    fail = dict(FAILED, ExecMainStatus="69")
+    report = triage.analyse(_bundle(tmp_path, {"n1": {"units": {"e.service": (head, fail)}},
+                                               "n2": {"units": {"e.service": (peer, dict(FAILED, ExecMainStatus="75"))}}}))  # fmt: skip
+    assert report["failed"] and report["first_failure"]["node"] == "n1", report["first_failure"]
+    u = _unit(report, "n1")
+    assert u["verdict"] == "unhealthy-while-serving" and "hung while serving: 2 health probes" in u["cause"], u
+    assert _unit(report, "n2")["role"] == "consequence"
