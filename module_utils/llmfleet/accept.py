@@ -30,9 +30,11 @@ from typing import Any
 
 from .accept_checks import FAIL, NOT_CONFIGURED, NOT_SUPPORTED, PASS, SKIPPED, VERDICTS, Checker
 from .accept_http import Client, UrlError, split_base
-from .accept_profile import ProfileError, load_profile, normalize
+from .accept_profile import ProfileError, normalize, read_profile
+from .cli_grammar import add_url, alias, require_url
 
 MASK = "***"
+SCHEMA = "llmfleet.accept/1"
 # The profile's settings the report repeats (what the verdicts were reached with).
 SETTINGS = (
     "timeout_s",
@@ -164,8 +166,12 @@ def accept(
     started = time.time()
     t0 = time.monotonic()
     masked_log = (lambda r: log(redact(r, secrets))) if log else None
-    checks = Checker(client, model, p).run(masked_log)
+    # The default max_tokens may be lowered to fit the served context; a profile's own value never is.
+    checker = Checker(client, model, p, max_tokens_given=isinstance(profile, dict) and "max_tokens" in profile)
+    checks = checker.run(masked_log)
+    warnings += checker.notes
     report = {
+        "schema": SCHEMA,
         "url": client.base,
         "model": model,
         "profile": profile_path,
@@ -253,23 +259,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `accept` subcommand's arguments. The key only ever comes from a file (--api-key-file)."""
     parser.allow_abbrev = False  # no prefix matching: `--api-key X` must never reach --api-key-file
     parser.add_argument("--api-key", "--key", nargs="?", action=_RefuseKeyInArgv, help=argparse.SUPPRESS)
-    parser.add_argument("url", metavar="URL", help="the API root, e.g. http://head:8000 (a trailing /v1 is fine)")
+    add_url(parser, "the API root, e.g. http://head:8000 (a trailing /v1 is fine)", positional=True)
     parser.add_argument("--model", required=True, metavar="NAME", help="served model name (as /v1/models lists it)")
     parser.add_argument("--api-key-file", metavar="FILE", help="file holding the API key (never pass the key itself)")
     parser.add_argument("--profile", metavar="FILE", help="per-model profile, YAML (docs/acceptance.md)")
-    parser.add_argument("--timeout", type=_seconds, metavar="S", help="every request's limit (default: profile, 120)")
+    parser.add_argument("--request-timeout", dest="timeout", type=_seconds, metavar="S",
+                        help="seconds each request may take (default: the profile's timeout_s, 120)")  # fmt: skip
+    alias(parser, "--timeout", "--request-timeout", "timeout", type=_seconds)
     parser.add_argument("-o", "--output", metavar="FILE", help="also write the JSON report to FILE (atomically)")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
 
 
 def run(args: argparse.Namespace) -> int:
     """`llmfleet accept`: 0 accepted, 1 a hard gate (or a required capability) failed, 2 bad usage/input."""
+    if require_url("accept", args) is None:
+        return 2
     try:
         split_base(args.url)
         key = read_api_key(args.api_key_file) if args.api_key_file else None
         raw = None
         if args.profile:
-            raw = load_profile(args.profile)  # normalized (normalize takes its own output unchanged)
+            raw = read_profile(args.profile)  # as written: accept() normalizes it and knows which keys it sets
         if args.output:
             parent = os.path.dirname(os.path.abspath(args.output))
             if os.path.isdir(args.output) or not os.path.isdir(parent):

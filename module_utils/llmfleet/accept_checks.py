@@ -179,11 +179,16 @@ def from_stream(s: StreamResult) -> Answer:
     return a
 
 
+PROMPT_ROOM = 256  # tokens of max_model_len the checks' prompts may need beside max_tokens
+
+
 class Checker:
     """Runs the checks against one endpoint and model with one profile (accept_profile.normalize)."""
 
-    def __init__(self, client: Client, model: str, profile: dict[str, Any]) -> None:
+    def __init__(self, client: Client, model: str, profile: dict[str, Any], max_tokens_given: bool = True) -> None:
         self.c, self.model, self.p = client, model, profile
+        self.max_tokens_given = max_tokens_given  # False: the default, lowered to fit the served context
+        self.notes: list[str] = []  # for the report's warnings
         self.max_model_len: int | None = None
         self.stop: str | None = None  # set by a failed `models` gate: nothing else is asked
         self._sizing: str | None = None  # how prompts are counted, once known (count_tokens)
@@ -331,7 +336,27 @@ class Checker:
         mml = entry.get("max_model_len")
         self.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
         why = f"{self.model} listed" + (f" (max_model_len {mml})" if self.max_model_len else "")
+        fitted = self.fit_max_tokens()
+        if fitted:
+            why += f"; {fitted}"
         return row("models", "gate", "gate", PASS, why, None, {"served": ids, "max_model_len": self.max_model_len}, dt)
+
+    def fit_max_tokens(self) -> str | None:
+        """Default max_tokens lowered to fit max_model_len (a prompt needs room too), said; a profile's own value is
+        never changed: a warning says it cannot fit. Returns what was lowered, or None."""
+        mml, mt = self.max_model_len, self.p["max_tokens"]
+        if not mml or mt + PROMPT_ROOM <= mml:
+            return None
+        if self.max_tokens_given:
+            self.notes.append(
+                f"max_tokens {mt} from the profile leaves under {PROMPT_ROOM} tokens of max_model_len {mml} for the "
+                "prompt: requests may be refused; lower max_tokens in the profile"
+            )
+            return None
+        self.p["max_tokens"] = max(16, mml // 2)
+        said = f"max_tokens lowered from the default {mt} to {self.p['max_tokens']} to fit max_model_len {mml}"
+        self.notes.append(f"{said} (set max_tokens in the profile to choose)")
+        return said
 
     def check_answer(self) -> dict[str, Any]:
         q = self.p["answer"]

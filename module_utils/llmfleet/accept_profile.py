@@ -239,6 +239,11 @@ def load_profile(path: str | None) -> dict[str, Any]:
     """The profile in FILE (YAML or JSON), normalized; no path: every default."""
     if not path:
         return normalize(None)
+    return normalize(read_profile(path), where=path)
+
+
+def read_profile(path: str) -> Any:
+    """The profile in FILE (YAML or JSON) as written (ProfileError when unreadable or not YAML)."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -255,4 +260,4 @@ def load_profile(path: str | None) -> dict[str, Any]:
             raise ProfileError(f"--profile {path}: PyYAML is not installed and the file is not JSON") from None
     except Exception as e:  # yaml.YAMLError and its subclasses, without importing yaml at module level
         raise ProfileError(f"--profile {path}: not valid YAML: {e}") from None
-    return normalize(raw, where=path)
+    return raw

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import ipaddress
 import json
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
+from typing import Any
 
 from . import (
     __version__,
@@ -31,6 +34,7 @@ from . import (
     specdecode,
     warmup,
 )
+from .cli_grammar import EXIT_CODES, alias, completion_script, stamp_schema
 from .manifest import HEX40
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -177,12 +181,10 @@ def _cmd_checkpoint_manifest(args: argparse.Namespace) -> int:
 
 def _cmd_stage(args: argparse.Namespace) -> int:
     import tempfile
-    import threading
 
     from .manifest import build_manifest, load_manifest
     from .stage import StageRequest, plan, resolve_source, stage
     from .stage_errors import StageError
-    from .stage_progress import progress_line
     from .store import model_dir
     from .transfer import LocalSource
 
@@ -207,7 +209,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
                 revision=args.revision,
                 manifest=manifest,
                 threads=args.threads,
-                keep=args.keep,
+                keep=args.keep_revisions,
                 deep_verify=args.deep_verify,
                 check_mode=args.check,
                 progress_path=os.path.join(tmp, "progress.json"),
@@ -217,32 +219,71 @@ def _cmd_stage(args: argparse.Namespace) -> int:
                 todo = sum(e["size"] for e in pl["todo"])
                 print(f"{pl['state']}: would copy {len(pl['todo'])} files, {todo} bytes of {pl['total_bytes']}")
                 return 0
-            stop = threading.Event()
-
-            def show() -> None:
-                try:
-                    with open(req.progress_path, encoding="utf-8") as f:
-                        print("\r" + progress_line(json.load(f)), end="", file=sys.stderr, flush=True)
-                except (OSError, ValueError):
-                    pass
-
-            def loop() -> None:
-                while not stop.wait(0.5):
-                    show()
-
-            t = threading.Thread(target=loop, daemon=True)
-            t.start()
-            try:
+            with StageProgress(req.progress_path, sys.stderr):
                 result = stage(req, lambda rel: [LocalSource(src)])
-            finally:
-                stop.set()
-                t.join()
-                show()  # the final state
-                print(file=sys.stderr)
     except (StageError, OSError, ValueError) as e:
         print(f"llmfleet stage: {e}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2) if args.json else f"{result['path']}: copied {result['bytes_copied']} bytes")
+    return 0
+
+
+PLAIN_EVERY_S = 10.0  # `stage` progress lines when stderr is not a terminal
+
+
+class StageProgress:
+    """`stage`'s progress from its progress file: on a terminal a bar redrawn in place (twice a second);
+    otherwise (a log, a pipe) a plain line every PLAIN_EVERY_S, so a log holds no carriage returns. Both with ETA."""
+
+    def __init__(self, path: str, stream: Any) -> None:
+        self.path, self.stream = path, stream
+        self.tty = stream.isatty()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def show(self) -> None:
+        from .stage_progress import progress_line
+
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                snap = json.load(f)
+        except (OSError, ValueError):
+            return
+        line = progress_line(snap) + eta_text(snap)
+        print("\r" + line if self.tty else line, end="" if self.tty else "\n", file=self.stream, flush=True)
+
+    def _loop(self) -> None:
+        waited = 0.0
+        while not self.stop.wait(0.5):
+            waited += 0.5
+            if self.tty or waited >= PLAIN_EVERY_S:
+                waited = 0.0
+                self.show()
+
+    def __enter__(self) -> StageProgress:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.show()  # the final state
+        if self.tty:
+            print(file=self.stream)
+
+
+def eta_text(snap: dict) -> str:
+    """' ETA 1m05s' from a progress snapshot ('' when done or no rate yet)."""
+    left = snap.get("total_bytes", 0) - snap.get("done_bytes", 0)
+    rate = snap.get("rate_bytes_per_s", 0)
+    if left <= 0 or rate <= 0:
+        return ""
+    s = int(left / rate)
+    return f" ETA {s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f" ETA {s // 60}m{s % 60:02d}s"
+
+
+def _cmd_completion(args: argparse.Namespace) -> int:
+    print(completion_script(build_parser(), args.shell), end="")
     return 0
 
 
@@ -311,26 +352,91 @@ PLUGGED = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="llmfleet", description="Bare-metal GPU nodes to a verified LLM endpoint.")
-    ap.add_argument("--version", action="version", version=f"llmfleet {__version__}")
-    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
-    p = sub.add_parser("node-info", help="identity and capacity of this node")
+INV = "-i inventory/prod --deployment demo"
+# One example per subcommand, at the end of its --help (with its exit codes).
+EXAMPLES = {
+    "node-info": "llmfleet node-info --json",
+    "checkpoint": "llmfleet checkpoint verify /mnt/nvme/models/m/current --manifest manifest.json",
+    "checkpoint verify": "llmfleet checkpoint verify /mnt/nvme/models/m/current --manifest manifest.json",
+    "checkpoint manifest": "llmfleet checkpoint manifest /mnt/shared/models/m -o manifest.json",
+    "topology": "llmfleet topology --node-ip 10.10.0.11",
+    "stage": "llmfleet stage /mnt/shared/hub/models--org--m --model m --revision <40-hex commit> --check",
+    "accept": "llmfleet accept --url http://head:8000 --model m --profile m.yml -o accept.json",
+    "bench": "llmfleet bench --engine vllm --url http://head:8000 --tokenizer /mnt/nvme/models/m/current "
+    "--input-len 1024 --output-len 128 --concurrency 1,16,64 -o bench-m",
+    "warmup": "llmfleet warmup --url http://127.0.0.1:8000 --model m --lengths 128,2048 --concurrency 1,16",
+    "specdecode": "llmfleet specdecode --url http://head:8000/metrics --steps 3",
+    "precompile": "llmfleet precompile --stamp /var/cache/llmfleet/.precompiled -- python3 -m my.precompile",
+    "status": f"llmfleet status {INV}",
+    "logs": f"llmfleet logs {INV} --first-failed",
+    "bundle": f"llmfleet bundle {INV} -o incident-1",
+    "why": f"llmfleet why {INV}    (or: llmfleet why --bundle incident-1)",
+    "stop": f"llmfleet stop {INV} --stop-timeout 60",
+    "restart": f"llmfleet restart {INV}",
+    "rdma-proof": "llmfleet rdma-proof -i inventory/prod -- ./allreduce.sh",
+    "fit": "llmfleet fit /mnt/nvme/models/m/current --engine vllm --tp 8 --gpu-memory-gib 140",
+    "startscan": "llmfleet startscan --engine vllm --unit llmfleet-demo.service",
+    "report": "llmfleet report --dir reports --deployment demo",
+    "completion": "llmfleet completion bash > ~/.local/share/bash-completion/completions/llmfleet",
+    "exec": "llmfleet exec --help",
+}
+# Where a command's exit codes say more than the common three.
+EXIT_NOTES = {
+    "specdecode": "exit codes: 0 the figures (a measurement, not a gate), 2 bad usage or /metrics unreadable",
+    "startscan": "exit codes: 0 scanned (its findings are warnings), 2 bad usage or input",
+    "completion": "exit codes: 0 printed, 2 bad usage",
+}
+TOP_EPILOG = f"""{EXIT_CODES};
+141 when the reader of stdout went away (`| head`).
+
+One grammar for every command:
+  --url URL            the endpoint (accept, bench, warmup, specdecode)
+  N,N,...              a list (--concurrency 1,16,64)
+  -o/--output          a FILE where the command writes one file, a DIR where it writes several (bench, bundle, why)
+  --check              say what would be done, do nothing
+  --deployment NAME    the deployment (on-call commands, report)
+  --*-timeout S        named for what it bounds (--request-timeout, --node-timeout, --stop-timeout, --run-timeout)
+  --json               one JSON document with "schema": "llmfleet.<command>/N"
+Older spellings (--base-url, --keep, --dry-run, --timeout, a positional URL or deployment) still work
+for now and say so on stderr.
+
+example: llmfleet accept --url http://head:8000 --model m
+shell completion: llmfleet completion bash|zsh
+"""
+
+
+def _help_end(name: str) -> dict:
+    """add_parser keywords: the help ends with the command's exit codes and one example."""
+    text = f"{EXIT_NOTES.get(name, EXIT_CODES)}\n\nexample: {EXAMPLES[name]}"
+    return {"epilog": text, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+def _add_node_commands(sub: Any) -> None:
+    """The commands that look at this node: node-info, checkpoint, topology, stage."""
+    p = sub.add_parser("node-info", help="identity and capacity of this node", **_help_end("node-info"))
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--nvme", default="/mnt/nvme", help="node staging disk (default: /mnt/nvme)")
     p.add_argument("--shared", default="/mnt/shared", help="shared-storage mount (default: /mnt/shared)")
     p.set_defaults(func=_cmd_node_info)
 
-    ck = sub.add_parser("checkpoint", help="verify a checkpoint directory or print its manifest")
+    ck = sub.add_parser(
+        "checkpoint", help="verify a checkpoint directory or print its manifest", **_help_end("checkpoint")
+    )
     cks = ck.add_subparsers(dest="ckcmd", metavar="ACTION", required=True)
-    v = cks.add_parser("verify", help="completeness + safetensors structure (+ sha256 with --manifest)")
+    v = cks.add_parser(
+        "verify",
+        help="completeness + safetensors structure (+ sha256 with --manifest)",
+        **_help_end("checkpoint verify"),
+    )
     v.add_argument("dir", help="checkpoint directory (holds config.json and the shards)")
     v.add_argument("--manifest", help="manifest JSON to check sizes and sha256 against")
     v.add_argument("--no-hash", action="store_true", help="with --manifest: check sizes only, skip sha256")
     v.add_argument("--threads", type=_at_least(1), default=4, help="files hashed in parallel (default 4)")
     v.add_argument("--json", action="store_true", help="machine-readable output")
-    v.set_defaults(func=_cmd_checkpoint_verify)
-    m = cks.add_parser("manifest", help="sha256 + size of every file of the revision (JSON)")
+    v.set_defaults(func=_cmd_checkpoint_verify, schema_name="checkpoint-verify")
+    m = cks.add_parser(
+        "manifest", help="sha256 + size of every file of the revision (JSON)", **_help_end("checkpoint manifest")
+    )
     m.add_argument("dir", help="checkpoint directory")
     m.add_argument(
         "--revision", type=_commit, help="40-hex commit to record (default: from a hub-cache snapshots/<rev> path)"
@@ -338,9 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--threads", type=_at_least(1), default=4, help="files hashed in parallel (default 4)")
     m.add_argument("-o", "--output", help="write to this file (atomically) instead of stdout")
     m.add_argument("--json", action="store_true", help="accepted for symmetry: the manifest is always JSON")
-    m.set_defaults(func=_cmd_checkpoint_manifest)
+    m.set_defaults(func=_cmd_checkpoint_manifest, schema_name=None)  # a manifest names its own "format"
 
-    tp = sub.add_parser("topology", help="GPUs, HCAs, GIDs, NUMA of this node and the fabric env to export")
+    tp = sub.add_parser(
+        "topology", help="GPUs, HCAs, GIDs, NUMA of this node and the fabric env to export", **_help_end("topology")
+    )
     tp.add_argument("--sysfs-root", default="/sys", help="sysfs to read (tests use fake trees)")
     tp.add_argument("--node-ip", type=_ipv4, help="this node's fabric IP (picks the socket interface; single-rail GID)")
     tp.add_argument(
@@ -357,7 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--json", action="store_true")
     tp.set_defaults(func=_cmd_topology)
 
-    st = sub.add_parser("stage", help="stage a pinned revision onto this node's NVMe (with a progress bar)")
+    st = sub.add_parser(
+        "stage", help="stage a pinned revision onto this node's NVMe (with progress and ETA)", **_help_end("stage")
+    )
     st.add_argument("source", help="checkpoint dir, hub-cache models--org--name dir, or snapshots/<rev> dir")
     st.add_argument("--model", required=True, help="model name (directory under --root)")
     st.add_argument("--revision", required=True, type=_commit, help="40-hex commit of the revision")
@@ -365,21 +475,72 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--manifest", help="manifest JSON (default: build it, reading the source once)")
     st.add_argument("--threads", type=_at_least(1), default=4, help="concurrent file copies (default 4)")
     st.add_argument(
-        "--keep", type=_at_least(1), default=2, help="published revisions to keep (default 2; current is always kept)"
+        "--keep-revisions",
+        type=_at_least(1),
+        default=2,
+        metavar="N",
+        help="published revisions to keep (default 2; the current one is always kept)",
     )
+    alias(st, "--keep", "--keep-revisions", "keep_revisions", type=_at_least(1))
     st.add_argument("--deep-verify", action="store_true", help="re-hash a published revision")
     st.add_argument("--check", action="store_true", help="say what would be copied, change nothing")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_stage)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="llmfleet",
+        description="Bare-metal GPU nodes to a verified LLM endpoint.",
+        epilog=TOP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--version", action="version", version=f"llmfleet {__version__}")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
+    _add_node_commands(sub)
+
     for name, mod, text in PLUGGED:
-        pp = sub.add_parser(name, help=text)
+        pp = sub.add_parser(name, help=text, **_help_end(name))
         mod.add_arguments(pp)
         pp.set_defaults(func=mod.run)
 
+    cp = sub.add_parser("completion", help="print a shell completion script (bash or zsh)", **_help_end("completion"))
+    cp.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
+    cp.set_defaults(func=_cmd_completion)
+
     # Listed for --help only: main() hands `exec` its raw argv (everything after `--` is the engine's).
-    sub.add_parser("exec", help="run an engine as a unit's main process (llmfleet exec [options] -- CMD...)")
+    sub.add_parser(
+        "exec", help="run an engine as a unit's main process (llmfleet exec [options] -- CMD...)", **_help_end("exec")
+    )
     return ap
+
+
+def _run_json(args: argparse.Namespace, name: str) -> int:
+    """Run a --json command; its document gets "schema": "llmfleet.<name>/1" unless it names its own."""
+    # A real text stream: Ansible's display (loading the inventory) reconfigures stdout and needs .buffer.
+    buf = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(buf):
+            rc = args.func(args)
+    finally:
+        buf.flush()
+        text = buf.buffer.getvalue().decode("utf-8")
+        try:
+            doc = json.loads(text)
+        except ValueError:  # not one document (an error, or nothing): as it was
+            doc = None
+        if isinstance(doc, dict) and "schema" not in doc:
+            text = json.dumps(stamp_schema(doc, name), indent=2, ensure_ascii=False, default=str) + "\n"
+        sys.stdout.write(text)
+    return rc
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away (`| head`): no traceback, and none at exit when Python flushes stdout."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 141  # as a shell reports a process SIGPIPE ended
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,11 +550,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return exec_main(argv[1:])
     ap = build_parser()
-    args = ap.parse_args(argv)
-    if not getattr(args, "func", None):
-        ap.print_help(sys.stderr)
-        return 2
-    return args.func(args)
+    try:
+        args = ap.parse_args(argv)
+        if not getattr(args, "func", None):
+            ap.print_help(sys.stderr)
+            return 2
+        name = getattr(args, "schema_name", args.cmd)
+        rc = _run_json(args, name) if getattr(args, "json", False) and name else args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _stdout_gone()
+    return rc
 
 
 if __name__ == "__main__":  # python -m llmfleet.cli

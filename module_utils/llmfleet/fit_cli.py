@@ -19,6 +19,7 @@ import sys
 from types import SimpleNamespace
 
 from . import archcheck, fit, startscan
+from .cli_grammar import finite_positive
 
 GIB = 1024**3
 # vLLM's default --gpu-memory-utilization. SGLang derives its --mem-fraction-static from the GPU and the
@@ -38,8 +39,10 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
         help="context length the KV cache must hold (default: --argv-json, else max_position_embeddings)",
     )
     p.add_argument("--max-seqs", type=int, default=1, help="full-length requests it must hold at once (default 1)")
-    p.add_argument("--mem-fraction", type=float, help="vLLM --gpu-memory-utilization / SGLang --mem-fraction-static")
-    p.add_argument("--gpu-memory-gib", type=float, help="one GPU's memory (default: nvidia-smi's memory.total)")
+    p.add_argument("--mem-fraction", type=finite_positive("fraction"),
+                   help="vLLM --gpu-memory-utilization / SGLang --mem-fraction-static")  # fmt: skip
+    p.add_argument("--gpu-memory-gib", type=finite_positive("GiB"),
+                   help="one GPU's memory (default: nvidia-smi's memory.total)")  # fmt: skip
     p.add_argument("--kv-cache-dtype", default="auto", help="the engine's --kv-cache-dtype (default auto)")
     p.add_argument(
         "--argv-json",

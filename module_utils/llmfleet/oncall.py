@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .cli_grammar import add_deployment, alias, settle_deployment
 from .fleet_inventory import Fleet, InventoryError, Node, load_fleet, parse_extra_vars
 from .oncall_ssh import Done, SshTransport, TransportError
 
@@ -152,12 +153,31 @@ def add_fleet_arguments(p: argparse.ArgumentParser, deployment: bool = True, tim
         help="only these nodes (an Ansible host pattern, as ansible-playbook --limit; the head must be in it)",
     )
     if deployment:
-        p.add_argument("deployment", nargs="?", help="deployment name (default: the inventory's llmfleet_deployment)")
+        add_deployment(p, "deployment name (default: the inventory's llmfleet_deployment)", positional=True)
     if timeout is not None:
         p.add_argument(
-            "--timeout", type=positive_float, default=timeout, help=f"seconds per node (default {timeout:g})"
+            "--node-timeout",
+            dest="timeout",
+            type=positive_float,
+            default=timeout,
+            metavar="S",
+            help=f"seconds each node's probe may take (default {timeout:g})",
         )
+        alias(p, "--timeout", "--node-timeout", "timeout", type=positive_float)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_stop_timeout(p: argparse.ArgumentParser) -> None:
+    """`stop`/`restart`: the grace a unit gets to stop before SIGKILL (dest `timeout`)."""
+    p.add_argument(
+        "--stop-timeout",
+        dest="timeout",
+        type=positive_float,
+        default=120.0,
+        metavar="S",
+        help="seconds a unit gets to stop before SIGKILL (default 120)",
+    )
+    alias(p, "--timeout", "--stop-timeout", "timeout", type=positive_float)
 
 
 def positive_float(text: str) -> float:
@@ -172,6 +192,9 @@ def positive_float(text: str) -> float:
 
 def fleet_of(args: argparse.Namespace) -> Fleet:
     """The fleet the arguments name; InventoryError (exit 2) when they do not name one."""
+    problem = settle_deployment(getattr(args, "cmd", None) or "", args)
+    if problem:
+        raise UsageError(problem)
     extra = parse_extra_vars(getattr(args, "extra_vars", None))
     return load_fleet(args.inventory, getattr(args, "deployment", None), extra, getattr(args, "limit", None))
 

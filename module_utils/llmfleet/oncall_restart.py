@@ -21,6 +21,7 @@ from .oncall import (
     NodeResult,
     TransportError,
     add_fleet_arguments,
+    add_stop_timeout,
     call_probe,
     emit_json,
     fan_out,
@@ -37,9 +38,7 @@ POLL_S = 2.0
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_fleet_arguments(p, timeout=None)
-    p.add_argument(
-        "--timeout", type=positive_float, default=120.0, help="seconds a unit gets to stop before SIGKILL (default 120)"
-    )
+    add_stop_timeout(p)
     p.add_argument(
         "--ready-timeout",
         type=positive_float,

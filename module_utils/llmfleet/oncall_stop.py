@@ -19,13 +19,13 @@ from .oncall import (
     AutoTransport,
     NodeResult,
     add_fleet_arguments,
+    add_stop_timeout,
     call_probe,
     check_deployment_known,
     emit_json,
     fan_out,
     fleet_of,
     guarded,
-    positive_float,
     short,
     unit_specs,
     where,
@@ -36,9 +36,7 @@ STOPPED = ("inactive", "failed")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_fleet_arguments(p, timeout=None)
-    p.add_argument(
-        "--timeout", type=positive_float, default=120.0, help="seconds a unit gets to stop before SIGKILL (default 120)"
-    )
+    add_stop_timeout(p)
 
 
 def run(args: argparse.Namespace, transport: Any = None) -> int:

@@ -15,6 +15,7 @@ import tempfile
 from typing import Any
 
 from . import oncall_bundle, triage
+from .cli_grammar import alias
 from .oncall import UsageError, add_fleet_arguments, guarded
 
 
@@ -23,13 +24,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", metavar="DIR", help="an incident bundle directory (`llmfleet bundle -o DIR` writes "
                    "one); without it, one is collected from the inventory's nodes now")  # fmt: skip
     p.add_argument("--since", metavar="T", help="collecting: journal entries since T (as journalctl takes it)")
-    p.add_argument("--keep", metavar="DIR", help="collecting: keep the bundle there (must not exist, or be empty)")
+    p.add_argument(
+        "-o",
+        "--output",
+        dest="keep",
+        metavar="DIR",
+        help="collecting: keep the bundle in DIR (must not exist, or be empty)",
+    )
+    alias(p, "--keep", "-o/--output", "keep")
 
 
 def run(args: argparse.Namespace, transport: Any = None) -> int:
     if args.bundle:
         if args.inventory or args.keep or args.since:
-            print("llmfleet why: --bundle reads a bundle on disk; -i/--keep/--since collect one: give one or the other",
+            print("llmfleet why: --bundle reads a bundle on disk; -i/-o/--since collect one: give one or the other",
                   file=sys.stderr)  # fmt: skip
             return 2
         return triage.run(args)

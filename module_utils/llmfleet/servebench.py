@@ -50,6 +50,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from .cli_grammar import CommaList, add_url, alias, int_list
+
 SCHEMA = "llmfleet.servebench/1"
 ENGINES = ("vllm", "sglang")
 DEFAULT_TOOL = {
@@ -792,7 +794,7 @@ def _rate(text: str) -> float:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `llmfleet bench` options (cli.py adds the subcommand and calls run(args))."""
     p.add_argument("--engine", required=True, choices=ENGINES, help="whose benchmark tool drives the load")
-    p.add_argument("--base-url", required=True, help="the endpoint, e.g. http://10.0.0.1:8000 (no /v1)")
+    add_url(p, "the endpoint, e.g. http://10.0.0.1:8000 (no /v1)", old=("--base-url",))
     p.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
     p.add_argument(
         "--tokenizer",
@@ -800,9 +802,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the model's directory on THIS host (the tool samples token ids from its vocabulary; no download)",
     )
     p.add_argument("--matrix", metavar="FILE", help="JSON or YAML: input_len/output_len/concurrency lists and/or cases")
-    p.add_argument("--input-len", type=_whole(1), nargs="+", metavar="N", help="input lengths (tokens)")
-    p.add_argument("--output-len", type=_whole(1), nargs="+", metavar="N", help="output lengths (tokens, EOS ignored)")
-    p.add_argument("--concurrency", type=_whole(1), nargs="+", metavar="N", help="requests in flight")
+    lists = {"type": int_list(1), "nargs": "+", "action": CommaList, "metavar": "N,N"}
+    p.add_argument("--input-len", **lists, help="input lengths (tokens), comma-separated")
+    p.add_argument("--output-len", **lists, help="output lengths (tokens, EOS ignored), comma-separated")
+    p.add_argument("--concurrency", **lists, help="requests in flight, comma-separated (e.g. 1,16,64)")
     p.add_argument("--num-prompts", type=_whole(1), help="requests per round (default: 10 x concurrency)")
     p.add_argument("--rounds", type=_whole(1), default=3, help="rounds per case (default 3)")
     p.add_argument(
@@ -824,9 +827,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-file", help="file holding the endpoint's API key (sent as OPENAI_API_KEY to the tool)")
     p.add_argument("--no-preflight", action="store_true", help="do not GET /v1/models first (then --model is required)")
     p.add_argument(
-        "-o", "--output-dir", help="where results.json, report.md, chart.svg, raw/ go (default ./servebench-UTC)"
+        "-o",
+        "--output",
+        dest="output_dir",
+        metavar="DIR",
+        help="directory for results.json, report.md, chart.svg, raw/ (default: a new ./servebench-<UTC>, named on "
+        "stderr)",
     )
-    p.add_argument("--dry-run", action="store_true", help="print the tool command lines, run nothing")
+    alias(p, "--output-dir", "-o/--output", "output_dir")
+    p.add_argument("--check", dest="dry_run", action="store_true", help="print the tool command lines, run nothing")
+    alias(p, "--dry-run", "--check", "dry_run", nargs=0)
     p.add_argument("--json", action="store_true", help="print results.json instead of the Markdown tables")
 
 
@@ -844,10 +854,12 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Settings, list[Case]]:
         )
     else:
         raise UsageError("give --matrix FILE, or all of --input-len, --output-len and --concurrency")
-    if not re.match(r"^https?://[^/\s]+", args.base_url or ""):
-        raise UsageError(f"--base-url {args.base_url!r}: give http(s)://HOST:PORT (e.g. http://10.0.0.1:8000)")
-    if args.base_url.rstrip("/").endswith("/v1"):
-        raise UsageError(f"--base-url {args.base_url}: leave out /v1 (the tools add /v1/completions)")
+    if not args.url:
+        raise UsageError("--url URL is required (e.g. --url http://10.0.0.1:8000)")
+    if not re.match(r"^https?://[^/\s]+", args.url):
+        raise UsageError(f"--url {args.url!r}: give http(s)://HOST:PORT (e.g. http://10.0.0.1:8000)")
+    if args.url.rstrip("/").endswith("/v1"):
+        raise UsageError(f"--url {args.url}: leave out /v1 (the tools add /v1/completions)")
     local = args.tokenizer.startswith(("/", "./", "../", "~"))
     if local and not os.path.isdir(os.path.expanduser(args.tokenizer)):
         raise UsageError(f"--tokenizer {args.tokenizer}: not a directory (give the model's directory on this host)")
@@ -870,7 +882,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Settings, list[Case]]:
             raise UsageError(f"--api-key-file {args.api_key_file}: empty")
     settings = Settings(
         engine=args.engine,
-        base_url=args.base_url,
+        base_url=args.url,
         model=args.model or "",
         tokenizer=os.path.expanduser(args.tokenizer) if local else args.tokenizer,
         tool=tool,
@@ -901,6 +913,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0912 (the subcommand's ste
     except UsageError as e:
         return _usage(str(e))
     out_dir = args.output_dir or "servebench-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    if not args.output_dir and not args.dry_run:
+        print(f"llmfleet bench: writing the results to ./{out_dir}/ (give -o DIR to choose)", file=sys.stderr)
     if args.dry_run:
         if not settings.model:
             settings.model = "MODEL"

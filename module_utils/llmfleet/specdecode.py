@@ -281,7 +281,8 @@ def _steps(text: str) -> int:
 
 
 def add_arguments(p: Any) -> None:
-    p.add_argument("source", metavar="URL|FILE", help="the engine's /metrics URL, a saved /metrics text, or - (stdin)")
+    p.add_argument("--url", metavar="URL", help="the engine's /metrics URL (e.g. http://head:8000/metrics)")
+    p.add_argument("source", nargs="?", metavar="FILE", help="instead of --url: a saved /metrics text, or - (stdin)")
     p.add_argument("--steps", type=_steps, required=True, help="draft tokens per step (engine_speculative.num_steps)")
     p.add_argument("--json", action="store_true", help="print the figures and the verdict as JSON")
 
@@ -292,6 +293,16 @@ def run(args: Any) -> int:
     import sys
     import urllib.request
 
+    from .cli_grammar import deprecated_note
+
+    if args.source and args.source.startswith(("http://", "https://")) and not args.url:
+        deprecated_note("`llmfleet specdecode URL` (the URL as a positional argument)", "--url URL")
+        args.url, args.source = args.source, None
+    if bool(args.url) == bool(args.source):
+        print("llmfleet specdecode: give --url URL (the engine's /metrics) or a FILE (- for stdin), one of them",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    args.source = args.url or args.source
     try:
         if args.source.startswith(("http://", "https://")):
             with urllib.request.urlopen(args.source, timeout=30) as r:  # noqa: S310 (an operator-given URL)

@@ -36,6 +36,7 @@ from .accept import _key_file_warning, _RefuseKeyInArgv, read_api_key, redact
 from .accept_checks import Checker, from_stream
 from .accept_http import Client, StreamResult, UrlError, split_base
 from .accept_profile import normalize
+from .cli_grammar import add_url, alias, require_url
 
 SCHEMA = "llmfleet.warmup/1"
 ENV_KEY = "LLMFLEET_API_KEY"  # the key for the CLI when no --api-key-file is given (never argv)
@@ -457,16 +458,14 @@ def render_table(report: dict[str, Any]) -> list[str]:
 # ---- command line (wired into llmfleet.cli as `llmfleet warmup`) ------------------------------------------
 
 FLAGS = {"url": "--url", "lengths": "--lengths", "concurrency": "--concurrency", "max_tokens": "--max-tokens",
-         "rounds": "--rounds", "timeout": "--timeout", "deadline": "--deadline"}  # fmt: skip
+         "rounds": "--rounds", "timeout": "--request-timeout", "deadline": "--deadline"}  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `warmup` subcommand's arguments. The key comes from --api-key-file or $LLMFLEET_API_KEY, never argv."""
     parser.allow_abbrev = False  # no prefix matching: `--api-key X` must never reach --api-key-file
     parser.add_argument("--api-key", "--key", nargs="?", action=_RefuseKeyInArgv, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--url", required=True, help="the API root, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)"
-    )
+    add_url(parser, "the API root, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
     parser.add_argument("--model", required=True, metavar="NAME", help="served model name (as /v1/models lists it)")
     parser.add_argument("--api-key-file", metavar="FILE", help=f"file holding the API key (else ${ENV_KEY})")
     parser.add_argument("--lengths", required=True, metavar="N,N..", help="input lengths in tokens, e.g. 128,2048,8192")
@@ -475,8 +474,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"output tokens per request (default {DEFAULTS['max_tokens']})")  # fmt: skip
     parser.add_argument("--rounds", default=str(DEFAULTS["rounds"]), metavar="N",
                         help="rounds per cell (default 1; 2+ compares the first round with the last)")  # fmt: skip
-    parser.add_argument("--timeout", default=str(DEFAULTS["timeout"]), metavar="S",
-                        help=f"every request's limit, whole (default {DEFAULTS['timeout']:g})")  # fmt: skip
+    parser.add_argument("--request-timeout", dest="timeout", default=str(DEFAULTS["timeout"]), metavar="S",
+                        help=f"seconds each request may take, whole (default {DEFAULTS['timeout']:g})")  # fmt: skip
+    alias(parser, "--timeout", "--request-timeout", "timeout")
     parser.add_argument("--deadline", default=str(DEFAULTS["deadline"]), metavar="S",
                         help=f"the whole warm-up's limit (default {DEFAULTS['deadline']:g})")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
@@ -492,6 +492,8 @@ def _number(text: str, option: str, kind: Callable[[str], Any]) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """`llmfleet warmup`: 0 every cell ok, 1 a cell (or /v1/models) failed, 2 bad usage or input."""
+    if require_url("warmup", args) is None:
+        return 2
     try:
         settings = check_settings(
             args.url,

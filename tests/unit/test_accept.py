@@ -68,10 +68,11 @@ def run_fake(faults=(), prof=None, **fake_kw):
     return rep
 
 
-def cli(*argv, capsys=None):
+def cli(url, *argv, capsys=None):
+    """`llmfleet accept --url URL ARGV...`."""
     ap = argparse.ArgumentParser(prog="llmfleet accept")
     accept.add_arguments(ap)
-    return accept.run(ap.parse_args(list(argv)))
+    return accept.run(ap.parse_args(["--url", url, *argv]))
 
 
 # ---- a healthy server ----------------------------------------------------------------------------

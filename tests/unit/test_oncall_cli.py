@@ -24,14 +24,14 @@ def plugged(monkeypatch):
 
 def test_arguments_through_the_top_level_parser(plugged):
     ap = cli.build_parser()
-    a = ap.parse_args(["status", "-i", "inv", "-i", "inv2", "demo", "--json", "-e", "lab_operator=root"])
+    a = ap.parse_args(["status", "-i", "inv", "-i", "inv2", "--deployment", "demo", "--json", "-e", "lab_operator=root"])
     assert (a.inventory, a.deployment, a.json, a.extra_vars, a.timeout) == (
         ["inv", "inv2"], "demo", True, ["lab_operator=root"], 30.0)  # fmt: skip
     a = ap.parse_args(["logs", "--first-failed", "-n", "80"])
     assert a.first_failed and a.lines == 80 and a.inventory is None and a.deployment is None
     a = ap.parse_args(["bundle", "-o", "/tmp/b", "--since=-2h"])  # a leading - needs the = form
     assert a.output == "/tmp/b" and a.since == "-2h"
-    a = ap.parse_args(["restart", "demo", "--timeout", "30", "--ready-timeout", "900"])
+    a = ap.parse_args(["restart", "--deployment", "demo", "--stop-timeout", "30", "--ready-timeout", "900"])
     assert (a.timeout, a.ready_timeout) == (30.0, 900.0)
     a = ap.parse_args(["rdma-proof", "--duration", "5", "--", "ansible-playbook", "-i", "x", "--tags", "nccl"])
     assert a.command[a.command[:1] == ["--"] :] == ["ansible-playbook", "-i", "x", "--tags", "nccl"]

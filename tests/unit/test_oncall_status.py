@@ -150,7 +150,7 @@ def test_router_row_and_its_health(fakes, capsys):
 
 
 def test_unknown_deployment_is_bad_input(fakes, capsys):
-    rc = oncall_status.run(_args(fakes, "other"), transport=fakes.transport())
+    rc = oncall_status.run(_args(fakes, "--deployment", "other"), transport=fakes.transport())
     err = capsys.readouterr().err
     assert rc == 2
     assert err.startswith("llmfleet status: no node has llmfleet-other.service")
@@ -167,7 +167,7 @@ def _args(f: Fakes, *argv: str) -> argparse.Namespace:
     ("argv", "msg"),
     [
         (["-i", "/nonexistent/inv"], "llmfleet status: inventory /nonexistent/inv: no such file or directory"),
-        (["Bad_Name"], "llmfleet status: deployment 'Bad_Name': 1-42 lowercase letters"),
+        (["--deployment", "Bad_Name"], "llmfleet status: deployment 'Bad_Name': 1-42 lowercase letters"),
         (["-e", "oops"], "llmfleet status: -e 'oops': give KEY=VALUE"),
     ],
 )

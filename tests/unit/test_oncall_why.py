@@ -38,7 +38,7 @@ def test_collects_then_names_the_failed_node(tmp_path, capsys, monkeypatch):
 def test_keep_leaves_the_bundle(tmp_path, capsys):
     f = three_nodes(tmp_path)
     keep = tmp_path / "kept"
-    _, out, _ = _why(f, capsys, "--keep", str(keep))
+    _, out, _ = _why(f, capsys, "-o", str(keep))
     assert (keep / "bundle.json").is_file() and f"(the bundle is kept in {keep})" in out
 
 

@@ -111,7 +111,7 @@ def bench(
     model_dir = tmp_path / "model"
     model_dir.mkdir(exist_ok=True)
     argv = ["--engine", engine, "--tokenizer", str(model_dir), "--tool", tool, "-o", str(tmp_path / out), *extra]
-    argv += ["--base-url", url] if url else ["--base-url", "http://127.0.0.1:1", "--no-preflight"]
+    argv += ["--url", url] if url else ["--url", "http://127.0.0.1:1", "--no-preflight"]
     if model:
         argv += ["--model", model]
     if not any(a in extra for a in ("--matrix", "--input-len")):
@@ -488,7 +488,7 @@ def test_replay_real_sglang_run(tmp_path, fake, monkeypatch):
 
 def test_unknown_engine_is_an_argparse_error():
     with pytest.raises(SystemExit) as e:
-        parse(["--engine", "tgi", "--base-url", "http://x:1", "--tokenizer", "t", "--input-len", "1"])
+        parse(["--engine", "tgi", "--url", "http://x:1", "--tokenizer", "t", "--input-len", "1"])
     assert e.value.code == 2
 
 
@@ -649,8 +649,8 @@ def test_preflight_endpoint_down_runs_nothing(tmp_path, fake):
 @pytest.mark.parametrize(
     ("extra", "msg"),
     [
-        (["--base-url", "http://h:8000/v1"], "leave out /v1"),
-        (["--base-url", "h:8000"], "give http(s)://HOST:PORT"),
+        (["--url", "http://h:8000/v1"], "leave out /v1"),
+        (["--url", "h:8000"], "give http(s)://HOST:PORT"),
         (["--matrix", "m.json", "--input-len", "1"], "not both"),
         (["--input-len", "1", "--output-len", "1"], "give --matrix FILE, or all of"),
         (["--tokenizer", "/nonexistent/model"], "--tokenizer /nonexistent/model: not a directory"),
@@ -660,7 +660,7 @@ def test_preflight_endpoint_down_runs_nothing(tmp_path, fake):
     ],
 )
 def test_usage_errors_exit_2(tmp_path, capsys, extra, msg):
-    argv = ["--engine", "vllm", "--base-url", "http://h:8000", "--tokenizer", str(tmp_path), "-o", str(tmp_path / "o")]
+    argv = ["--engine", "vllm", "--url", "http://h:8000", "--tokenizer", str(tmp_path), "-o", str(tmp_path / "o")]
     if not any(a in extra for a in ("--input-len", "--matrix")):
         argv += ["--input-len", "1", "--output-len", "1", "--concurrency", "1"]
     args = parse(argv + extra)
@@ -673,22 +673,22 @@ def test_usage_errors_exit_2(tmp_path, capsys, extra, msg):
 def test_results_are_never_overwritten(tmp_path, capsys):
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "results.json").write_text("{}")
-    args = parse(["--engine", "vllm", "--base-url", "http://h:1", "--tokenizer", "tok", "-o", str(tmp_path / "o"),
+    args = parse(["--engine", "vllm", "--url", "http://h:1", "--tokenizer", "tok", "-o", str(tmp_path / "o"),
                   "--input-len", "1", "--output-len", "1", "--concurrency", "1"])  # fmt: skip
     assert servebench.run(args) == 2 and "already holds results.json" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", [["--rounds", "0"], ["--concurrency", "x"], ["--min-success-rate", "1.5"]])
 def test_bad_numbers_are_argparse_errors(bad):
-    base = ["--engine", "vllm", "--base-url", "http://h:1", "--tokenizer", "t", "--input-len", "1", "--output-len", "1"]
+    base = ["--engine", "vllm", "--url", "http://h:1", "--tokenizer", "t", "--input-len", "1", "--output-len", "1"]
     with pytest.raises(SystemExit) as e:
         parse(base + (bad if "--concurrency" in bad else [*bad, "--concurrency", "1"]))
     assert e.value.code == 2
 
 
 def test_dry_run_prints_every_command_and_runs_nothing(tmp_path, capsys):
-    args = parse(["--engine", "sglang", "--base-url", "http://h:30000", "--tokenizer", "tok", "--rounds", "2",
-                  "--input-len", "32", "--output-len", "8", "--concurrency", "1", "2", "--dry-run",
+    args = parse(["--engine", "sglang", "--url", "http://h:30000", "--tokenizer", "tok", "--rounds", "2",
+                  "--input-len", "32", "--output-len", "8", "--concurrency", "1,2", "--check",
                   "-o", str(tmp_path / "o")])  # fmt: skip
     assert servebench.run(args) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -774,8 +774,8 @@ def test_runs_under_python38(tmp_path):
     code = (
         "import argparse, sys; from llmfleet import servebench as s, servebench_report as r\n"
         "p = argparse.ArgumentParser(); s.add_arguments(p)\n"
-        "a = p.parse_args(['--engine', 'vllm', '--base-url', 'http://h:1', '--tokenizer', 't', '--input-len', '32',"
-        " '--output-len', '8', '--concurrency', '1', '--dry-run'])\n"
+        "a = p.parse_args(['--engine', 'vllm', '--url', 'http://h:1', '--tokenizer', 't', '--input-len', '32',"
+        " '--output-len', '8', '--concurrency', '1', '--check'])\n"
         "assert s.run(a) == 0\n"
         "c = s.Case(32, 8, 1); m = s.finish_metrics({'completed': 1, 'output_tok_s': 5.0}, c, 1, 2)\n"
         "res = {'settings': {'engine': 'vllm'}, 'cases': [s.summarize_case(c, [{'kind': 'round', 'round': 1,"

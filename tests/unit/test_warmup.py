@@ -223,7 +223,7 @@ def test_an_echoed_key_is_masked_in_the_result():
         (["--concurrency", "0"], "--concurrency 0 is out of range: give 1..512"),
         (["--max-tokens", "x"], "--max-tokens 'x' is not a whole number"),
         (["--rounds", "0"], "--rounds 0 is out of range"),
-        (["--timeout", "-1"], "--timeout -1.0 is not a number of seconds > 0"),
+        (["--request-timeout", "-1"], "--request-timeout -1.0 is not a number of seconds > 0"),
         (["--deadline", "soon"], "--deadline 'soon' is not a number of seconds"),
         (["--url", "ftp://x"], "--url 'ftp://x' is not an http(s) URL"),
         (["--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key: cannot read it"),
@@ -239,7 +239,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_flag(argv, words, capsys):
 
 
 def test_nothing_listening_is_connection_refused_exit_1_not_a_traceback(capsys):
-    assert cli("--url", "http://127.0.0.1:1", "--model", "det", "--lengths", "128", "--timeout", "2") == 1
+    assert cli("--url", "http://127.0.0.1:1", "--model", "det", "--lengths", "128", "--request-timeout", "2") == 1
     out = capsys.readouterr()
     assert "connection refused" in out.out and "Traceback" not in out.out + out.err
 
