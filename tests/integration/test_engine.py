@@ -264,6 +264,66 @@ def test_oncall_commands_find_the_first_failure_and_stop_leaves_nothing(prepared
     assert ask(port=8000) == "703"
 
 
+def test_a_hang_while_serving_is_found_and_the_deployment_heals(prepared, tmp_path):
+    """The simulator hangs every generation request 15 s after its API started (past the gate), while its port,
+    /health and /v1/models stay fine. The head's wrapper asks the gate's question every 2 s (2 s each, 2 failures):
+    it stops its engine (exit 69, unhealthy-while-serving, the failed probes in the record), the link stops node2
+    (75, naming node1), Restart=on-failure brings both back (the fault fires once) and the deployment answers 703."""
+    lab = prepared
+    spec = "hang:rank=0:phase=serve:after=15:once"
+    ssh(lab, "node1", "rm -rf /var/lib/llmfleet/engine/demo/sim")
+    health = ["-e", "engine_health_interval=2", "-e", "engine_health_timeout=2", "-e", "engine_health_failures=2"]
+    cp = engine(*health, *fault_vars(spec))
+    assert cp.returncode == 0, cp.stdout[-4000:]  # the gate got 703 before the hang
+    assert "--health-url http://127.0.0.1:30000" in unit(lab, "node1", "ExecStart")
+    assert "--health-url" not in unit(lab, "node2", "ExecStart")  # a worker serves no API: the head's probe covers it
+    deadline = time.monotonic() + 180
+    restarted = False
+    while time.monotonic() < deadline:
+        restarted = all(int(unit(lab, n, "NRestarts") or 0) >= 1 for n in NODES)
+        if restarted and all(unit(lab, n, "ActiveState") == "active" for n in NODES):
+            break
+        time.sleep(2)
+    assert restarted, {n: unit(lab, n, "NRestarts") for n in NODES}
+    rec = json.loads(ssh(lab, "node1", "cat /var/lib/llmfleet/engine/demo/termination.json.1").stdout)
+    assert rec["verdict"] == "unhealthy-while-serving" and rec["exit_code"] == 69, rec["reason"]
+    assert rec["stop_requested"] and rec["left_over_pids"] == 0 and "hung while serving" in rec["reason"]
+    probes = rec["health"]["probes"]
+    # Found by the second failed probe in a row: within interval x failures + timeout of the hang.
+    assert [p["ok"] for p in probes[-2:]] == [False, False] and rec["health"]["last_good_at"] is not None, probes
+    assert all("no complete answer within 2 s" in p["error"] for p in probes[-2:]), probes
+    found = probes[-1]["at"] + probes[-1]["latency_s"]
+    good = rec["health"]["last_good_at"] + rec["health"]["last_good_latency_s"]  # the hang began after this answer
+    peer = json.loads(ssh(lab, "node2", "cat /var/lib/llmfleet/engine/demo/termination.json.1").stdout)
+    assert peer["verdict"] == "peer-failed" and peer["exit_code"] == 75, peer["reason"]
+    ended = max(rec["ended_at"], peer["ended_at"])
+    print(f"hang found at most {found - good:.1f} s after it began (bound 2 x 2 + 2 = 6 s); every node stopped "
+          f"{ended - found:.1f} s later; probes: {probes}")  # fmt: skip
+    assert (
+        peer["link"]["stopped_by"]["node"] == "node1" and "hung while serving" in peer["link"]["stopped_by"]["reason"]
+    )
+    assert ask() == "703"
+    # status shows the new run's probe once it asked (every 2 s); why (over a bundle of this run) names the hang.
+    deadline = time.monotonic() + 30
+    while True:
+        st = oncall(lab, tmp_path, "status", "--json")
+        units = {r["node"]: r["units"][0] for r in json.loads(st.stdout)["nodes"]}
+        last = (units["node1"].get("health") or {}).get("last")
+        if (last and last["ok"]) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert st.returncode == 0 and last and last["ok"] and units["node2"].get("health") is None, st.stdout[-3000:]
+    bundle = tmp_path / "bundle"
+    b = oncall(lab, tmp_path, "bundle", "-o", str(bundle), f"--since=@{int(rec['started_at']) - 1}")
+    assert b.returncode == 0, b.stdout + b.stderr
+    why = subprocess.run([str(Path(sys.executable).parent / "llmfleet"), "why", "--bundle", str(bundle), "--json"],
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    report = json.loads(why.stdout)
+    first = report["first_failure"]
+    assert first["node"] == "node1" and first["verdict"] == "unhealthy-while-serving", json.dumps(first)[:2000]
+    assert "hung while serving" in first["cause"], json.dumps(first)[:2000]
+
+
 def test_a_node_the_gate_cannot_reach_fails_it_within_the_bound(prepared):
     """SSH to node2 dies while the engine loads: the gate names node2 and the SSH error after
     engine_ready_unreachable_after, not after the 300 s deadline; the head is still stopped."""
