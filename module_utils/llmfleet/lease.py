@@ -214,7 +214,8 @@ class Lease:
         return self._dfd
 
     def close(self) -> None:
-        """Close the lease directory's fd (reopened on the next use)."""
+        """Close the lease directory's fd (reopened on the next use). Not done by release(): threads of
+        a SharedLease may still list the directory through it."""
         if self._dfd >= 0:
             os.close(self._dfd)
             self._dfd = -1
@@ -223,6 +224,15 @@ class Lease:
         with contextlib.suppress(Exception):
             self.close()
 
+    def _names(self) -> list[str]:
+        """The directory's entries, through a fresh open of it: os.listdir(fd) reads through a dup of the
+        fd, which shares its offset, so two threads listing through the one fd would each miss entries."""
+        fd = os.open(".", safefs.O_DIR, dir_fd=self._fd())
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
     def _name(self, slot: int, n: int) -> str:
         return f"slot-{slot}.{n}"
 
@@ -230,7 +240,7 @@ class Lease:
     def _scan(self) -> dict[int, list[int]]:
         """Record numbers per slot, ascending (_LEGACY first where a former-format file exists)."""
         out: dict[int, list[int]] = {}
-        for name in os.listdir(self._fd()):
+        for name in self._names():
             m = _RECORD.match(name)
             if m:
                 out.setdefault(int(m[1]), []).append(_LEGACY if m[2] is None else int(m[2]))
@@ -463,7 +473,6 @@ class Lease:
                     taker = _read(self._name(slot, self.gen + 1), self._fd())
                     self._lose(f"taken over by {_who(taker)} at {_when(taker.get('t') if taker else None)}", taker)
             self.slot, self.gen, self.acquired_at = None, -1, 0.0
-            self.close()
 
     def holders(self) -> list[dict[str, Any] | None]:
         """Per slot, the newest record when it is a holding (possibly stale), else None."""
@@ -492,7 +501,7 @@ class Lease:
                 if info is None or _num(info.get("t"), cutoff) >= cutoff:
                     break  # records are created in order: the rest are younger
                 os.unlink(self._name(slot, old), dir_fd=dfd)  # the name itself: a link, never its target
-            for name in os.listdir(dfd):
+            for name in self._names():
                 if name.startswith("tmp-"):
                     with contextlib.suppress(OSError):
                         if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime < cutoff:
