@@ -153,7 +153,17 @@ def test_enospc_mid_copy_keeps_previous_revision(tmp_path, src, monkeypatch):
         budget["n"] -= len(data)
         return real_write(fd, data)
 
+    real_copy = os.copy_file_range
+
+    def copy_file_range(src, dst, count, *args):  # the local copy's path (transfer._copy_in_kernel)
+        if budget["n"] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = real_copy(src, dst, count, *args)
+        budget["n"] -= n
+        return n
+
     monkeypatch.setattr(transfer.os, "write", write)
+    monkeypatch.setattr(transfer.os, "copy_file_range", copy_file_range)
     src2 = make_checkpoint(tmp_path / "shared" / "m2", shards=4, tensors_per_shard=3, shape=(64, 64), seed=7)
     with pytest.raises(
         stage.StageError,
@@ -294,3 +304,36 @@ def test_the_names_stage_exports_are_the_same_objects():
     assert stage.StageError is stage_errors.StageError and stage.DiskFullError is stage_errors.DiskFullError
     assert stage.LocalSource is transfer.LocalSource and stage.PeerSource is transfer.PeerSource
     assert set(stage.__all__) <= set(dir(stage))
+
+
+@pytest.mark.parametrize("kernel", ["copy_file_range", "no copy_file_range (EXDEV)"])
+def test_a_local_copy_is_hashed_from_what_landed_with_or_without_the_kernel_copy(tmp_path, src, monkeypatch, kernel):
+    """The local copy goes through copy_file_range and hashes the destination's own pages; where the
+    kernel cannot copy (another filesystem, an old kernel) it reads and writes. Either way a source byte
+    that differs from the manifest is caught, and a good revision publishes."""
+    calls = []
+    real_copy = os.copy_file_range
+
+    def copy_file_range(*args):
+        calls.append(args[2])
+        if kernel != "copy_file_range":
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real_copy(*args)
+
+    monkeypatch.setattr(transfer.os, "copy_file_range", copy_file_range)
+    man = manifest_of(src)
+    shard = sorted(p for p in os.listdir(src) if p.endswith(".safetensors"))[0]
+    with open(src / shard, "r+b") as f:  # same size, one byte changed after the manifest
+        f.seek(os.path.getsize(src / shard) - 1)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(stage.StageError, match=f"{shard}: sha256 .* does not match the manifest"):
+        run(tmp_path / "nvme", src, manifest=man)
+    with open(src / shard, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(last)
+    r = run(tmp_path / "nvme", src, manifest=man)
+    published = tmp_path / "nvme" / "m" / REV
+    assert r["changed"] and calls and checkpoint.verify(str(published)).ok
+    assert all((published / e["path"]).read_bytes() == (src / e["path"]).read_bytes() for e in man["files"])

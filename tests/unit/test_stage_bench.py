@@ -3,6 +3,7 @@ copy is caught by the sha256sum and the openssl step), and the table has every r
 small real revision."""
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -61,6 +62,7 @@ def test_one_node_table_has_every_method_with_its_parallelism(tmp_path, monkeypa
         "3 processes",
         "3 + 3 processes",
         "3 + 3 processes",
+        f"3 + {os.cpu_count()} processes",  # the best by hand: openssl on every core
         "3 threads",
         "3 threads",
         "3 threads (build, then copy)",
@@ -69,5 +71,6 @@ def test_one_node_table_has_every_method_with_its_parallelism(tmp_path, monkeypa
     assert "xargs -P 3 cp + sync, then xargs -P 3 sha256sum vs manifest" in text
     assert "xargs -P 3 cp + sync, then xargs -P 3 openssl dgst -sha256 vs manifest" in text
     assert "median of 2 interleaved runs" in text
+    assert "**llmfleet stage (manifest cached) / best by hand (xargs -P 3 cp + sync, then xargs -P" in text
     assert rows["llmfleet stage, manifest built first (cold)"] > 0
     assert not (tmp_path / "dst").exists()

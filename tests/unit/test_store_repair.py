@@ -194,6 +194,7 @@ def test_disk_full_during_a_repair_is_reported_truly(tmp_path, src, monkeypatch)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(transfer.os, "write", full)
+    monkeypatch.setattr(transfer.os, "copy_file_range", lambda *a: full(*a[:2]))
     with pytest.raises(stage.DiskFullError, match=r"nothing published changed \(published revisions and `current`"):
         stage.stage(request(root, src, deep_verify=True), lambda rel: [stage.LocalSource(str(src))])
     assert snapshot(rdir) == before and os.readlink(root / "m" / "current") == REV

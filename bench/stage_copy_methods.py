@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Where one node's copy time goes, per copy method (the measurement behind transfer._copy_in_kernel).
+
+Each variant copies every file of SRC into a fresh DST with 4 threads, sha256-hashes the bytes, fsyncs
+each file; page cache dropped before each run (root); prints wall and this process's CPU seconds:
+
+    .venv/bin/python bench/stage_copy_methods.py SRC DST [ROUNDS]
+
+SRC: e.g. a revision bench/stage_bench.py made (/var/tmp/llmfleet-bench/src-2g-8). DST is removed.
+"""
+
+import hashlib
+import mmap
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+SRC, DST = sys.argv[1], sys.argv[2]
+files = sorted(os.listdir(SRC))
+
+
+def rw(chunk):
+    def one(name):
+        h = hashlib.sha256()
+        buf = bytearray(chunk)
+        v = memoryview(buf)
+        s = os.open(os.path.join(SRC, name), os.O_RDONLY)
+        d = os.open(os.path.join(DST, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        while True:
+            n = os.readv(s, [buf])
+            if not n:
+                break
+            h.update(v[:n])
+            w = 0
+            while w < n:
+                w += os.write(d, v[w:n])
+        os.fsync(d)
+        os.close(d)
+        os.close(s)
+        return h.hexdigest()
+
+    return one
+
+
+def cfr_mmap(chunk):
+    def one(name):
+        h = hashlib.sha256()
+        s = os.open(os.path.join(SRC, name), os.O_RDONLY)
+        d = os.open(os.path.join(DST, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        off = 0
+        while True:
+            n = os.copy_file_range(s, d, chunk)
+            if not n:
+                break
+            mm = mmap.mmap(d, n, prot=mmap.PROT_READ, offset=off)  # off is a multiple of chunk (page aligned)
+            with memoryview(mm) as v:
+                h.update(v)
+            mm.close()
+            off += n
+        os.fsync(d)
+        os.close(d)
+        os.close(s)
+        return h.hexdigest()
+
+    return one
+
+
+def mmap_src_write(chunk):
+    """hash the source through mmap (no copy to user space) and write from the same mapping: one copy."""
+
+    def one(name):
+        h = hashlib.sha256()
+        s = os.open(os.path.join(SRC, name), os.O_RDONLY)
+        d = os.open(os.path.join(DST, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        size = os.fstat(s).st_size
+        off = 0
+        while off < size:
+            n = min(chunk, size - off)
+            mm = mmap.mmap(s, n, prot=mmap.PROT_READ, offset=off)
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+            with memoryview(mm) as v:
+                h.update(v)
+                w = 0
+                while w < n:
+                    w += os.write(d, v[w:n])
+            mm.close()
+            off += n
+        os.fsync(d)
+        os.close(d)
+        os.close(s)
+        return h.hexdigest()
+
+    return one
+
+
+variants = {
+    "read+hash+write 16M (today)": rw(16 << 20),
+    "read+hash+write 64M": rw(64 << 20),
+    "copy_file_range 64M + hash dst mmap": cfr_mmap(64 << 20),
+    "mmap src 64M: hash + write": mmap_src_write(64 << 20),
+}
+want = None
+for _round in range(int(sys.argv[3]) if len(sys.argv) > 3 else 1):
+    for name, fn in variants.items():
+        shutil.rmtree(DST, ignore_errors=True)
+        os.makedirs(DST)
+        subprocess.run(["sync"], check=True)
+        open("/proc/sys/vm/drop_caches", "w").write("3\n")
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(fn, files))
+        t = time.monotonic() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        want = want or got
+        if got != want:
+            raise SystemExit(f"{name}: the hashes differ from the first variant's: a broken copy")
+        print(
+            f"{name:40s} wall {t:5.2f} s  user {r1.ru_utime - r0.ru_utime:5.2f}  sys {r1.ru_stime - r0.ru_stime:5.2f}",
+            flush=True,
+        )
+shutil.rmtree(DST, ignore_errors=True)
