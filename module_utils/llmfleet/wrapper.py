@@ -509,7 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "unit's name llmfleet-NAME.service)")  # fmt: skip
     ap.add_argument("--health-url", metavar="URL", help="from READY on, ask the engine's API there (its base, "
                     "e.g. http://127.0.0.1:30000) the readiness gate's question, every --health-interval")  # fmt: skip
-    ap.add_argument("--health-model", default="", metavar="NAME", help="the model name of the health question")
+    ap.add_argument("--health-model", default="", metavar="NAME", help="the model the health question goes to "
+                    "(default: none sent, the engine's own)")  # fmt: skip
     ap.add_argument("--health-interval", type=float, default=30.0, metavar="SEC", help="seconds between health "
                     "probes (default 30)")  # fmt: skip
     ap.add_argument("--health-timeout", type=float, default=20.0, metavar="SEC", help="a probe without a complete, "
@@ -551,8 +552,6 @@ def _link_problem(args: argparse.Namespace) -> str | None:
 def _health_problem(args: argparse.Namespace) -> str | None:
     if not args.health_url:
         return None
-    if not args.health_model:
-        return "--health-url needs --health-model NAME (the served model name the question goes to)"
     if args.health_interval <= 0 or args.health_timeout <= 0 or args.health_failures < 1:
         return "--health-interval and --health-timeout must be > 0, --health-failures >= 1"
     if args.health_key and not re.fullmatch(r"[A-Za-z0-9_.@-]+", args.health_key):

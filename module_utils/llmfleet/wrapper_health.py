@@ -42,6 +42,12 @@ def check_url(url: str) -> str | None:
     return None
 
 
+def api_base(path: str) -> str:
+    """The URL's path as the API's base: `http://h:p` and `http://h:p/v1` are the same API."""
+    path = path.rstrip("/")
+    return path[: -len("/v1")] if path.endswith("/v1") else path
+
+
 def ask(url: str, model: str, prompt: str, expect: str, *, api_key: str | None, timeout: float,
         cut: Callable[[Callable[[], None]], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """One probe: {"ok", "error", "latency_s"}. The whole exchange (connect, request, headers, body) ends by
@@ -68,12 +74,15 @@ def ask(url: str, model: str, prompt: str, expect: str, *, api_key: str | None, 
     timer.start()
     if cut is not None:
         cut(end)
-    body = json.dumps(chat_body(model, prompt)).encode()
+    req = chat_body(model, prompt)
+    if not model:  # no --health-model: the engine's own (vLLM and SGLang answer with their served model)
+        del req["model"]
+    body = json.dumps(req).encode()
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     try:
-        code, raw = _exchange(conn, u.path.rstrip("/") + "/v1/chat/completions", body, headers)
+        code, raw = _exchange(conn, api_base(u.path) + "/v1/chat/completions", body, headers)
         if expired.is_set():  # the cut may look like a clean end of a body without a length
             raise TimeoutError
     except (OSError, http.client.HTTPException, ValueError) as e:

@@ -130,6 +130,10 @@ def test_a_correct_answer_passes_and_the_question_is_the_gates(fake):
     assert res["ok"] and res["error"] is None and res["latency_s"] >= 0
     _, body = f.requests[0]
     assert body["messages"] == [{"role": "user", "content": DEFAULT_PROMPT}] and body["model"] == "m"
+    # without --health-model no model is sent: the engine answers with its own
+    assert wrapper_health.ask(f.url, "", DEFAULT_PROMPT, DEFAULT_EXPECT, api_key=None, timeout=5)["ok"]
+    assert "model" not in f.requests[1][1]
+    assert ask(f.url + "/v1/")["ok"]  # the API base given with its /v1
 
 
 @pytest.mark.parametrize(
@@ -268,7 +272,6 @@ def test_the_api_key_goes_in_a_header_only(tmp_path, fake):
 @pytest.mark.parametrize(
     ("opts", "says"),
     [
-        (["--health-url", "http://127.0.0.1:1"], "needs --health-model"),
         (["--health-url", "127.0.0.1:1", "--health-model", "m"], "--health-url '127.0.0.1:1'"),
         (["--health-url", "http://h:1", "--health-model", "m", "--health-failures", "0"], "--health-failures >= 1"),
         (["--health-url", "http://h:1", "--health-model", "m", "--health-timeout", "0"], "must be > 0"),
