@@ -287,7 +287,7 @@ def test_the_head_probes_its_serving_health_by_default(default_play):
     # SGLang's default host is 127.0.0.1, its port 30000; the gate's question; no key configured, no --health-key.
     assert results(d)[0]["health_args"] == [
         "--health-url", "http://127.0.0.1:30000", "--health-model", "m", "--health-interval", "30", "--health-timeout",
-        "20", "--health-failures", "3", "--health-prompt", "What is 37×19? Reply with only the number.",
+        "20", "--health-failures", "3", "--health-prompt", "What is 37\u00d719? Reply with only the number.",
         "--health-expect", "703"]  # fmt: skip
 
 
