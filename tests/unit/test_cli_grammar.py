@@ -105,9 +105,14 @@ def test_top_level_help_states_exit_codes_and_the_grammar():
 # ---- the bugs ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["completion", "bash"], ["accept", "--help"]])
-def test_a_reader_that_has_gone_is_no_traceback(argv):
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["completion", "bash"], ["accept", "--help"], ["specdecode", "{metrics}", "--steps", "2"]]
+)
+def test_a_reader_that_has_gone_is_no_traceback(tmp_path, argv):
     """`llmfleet ... | head`: the reader closes the pipe; no BrokenPipeError traceback, not even at exit."""
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text("vllm:num_requests_running 0\n")
+    argv = [a.format(metrics=metrics) for a in argv]
     r, w = os.pipe()
     os.close(r)  # the reader has gone before the first write
     try:
@@ -165,11 +170,27 @@ def test_stage_progress_off_a_terminal_is_plain_lines_with_no_carriage_return(tm
     from tests.helpers.ckpt import make_checkpoint
 
     src = make_checkpoint(tmp_path / "src")
-    cp = subprocess.run([sys.executable, "-m", "llmfleet", "stage", str(src), "--model", "m", "--revision",
-                         "c" * 40, "--root", str(tmp_path / "nvme")],
-                        capture_output=True, text=True, env=ENV, check=False)  # fmt: skip
-    assert cp.returncode == 0, cp.stderr
-    assert "\r" not in cp.stderr and "100.0%" in cp.stderr
+    cp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmfleet",
+            "stage",
+            str(src),
+            "--model",
+            "m",
+            "--revision",
+            "c" * 40,
+            "--root",
+            str(tmp_path / "nvme"),
+        ],
+        capture_output=True,
+        env=ENV,
+        check=False,
+    )  # fmt: skip (bytes: text mode reads \r as \n)
+    err = cp.stderr.decode()
+    assert cp.returncode == 0, err
+    assert "\r" not in err and "100.0%" in err
 
 
 def test_eta_from_a_snapshot():
