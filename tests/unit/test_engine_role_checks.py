@@ -153,6 +153,16 @@ def test_a_missing_llmfleet_command_is_named(tmp_path, model):
     assert "running llmfleet_cli /nonexistent/bin/llmfleet: " in out
 
 
+@pytest.mark.parametrize("bad", [{"engine_health_failures": 0}, {"engine_health_interval": 0},
+                                 {"engine_health_timeout": -1}])  # fmt: skip
+def test_serving_health_settings_that_could_never_probe_are_refused_before_anything_is_installed(tmp_path, model, bad):
+    rc, out, got = play(tmp_path, model, engine_gpu_memory_gib=96, **bad)
+    assert rc == 2 and got is None, out[-3000:]
+    assert "engine_health_failures at least 1" in out, out[-3000:]
+    rc, out, _ = play(tmp_path, model, engine_gpu_memory_gib=96, engine_health=False, **bad)
+    assert rc == 0, out[-3000:]
+
+
 def test_check_mode_runs_the_check_and_changes_nothing(tmp_path, model):
     rc, out, got = play(tmp_path, model, "--check", engine_gpu_memory_gib=96)
     assert rc == 0 and "changed=0" in out, out[-3000:]
