@@ -177,9 +177,11 @@ def chown_fd(fd: int, uid: int, gid: int) -> bool:
     return True
 
 
-def rmtree_at(dir_fd: int, name: str) -> None:
+def rmtree_at(dir_fd: int, name: str, *, dir_mode: int | None = None) -> None:
     """Remove ``name`` inside ``dir_fd``: a directory with everything below it, each level opened with
-    O_NOFOLLOW and emptied through its fd; a symlink or file is unlinked (a link's target is never touched)."""
+    O_NOFOLLOW and emptied through its fd; a symlink or file is unlinked (a link's target is never touched).
+    ``dir_mode``: each directory is fchmod-ed to it first (a read-only tree, such as a published revision, needs
+    write permission on its directories to be emptied); files keep their modes."""
     try:
         fd = os.open(name, O_DIR, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -190,18 +192,20 @@ def rmtree_at(dir_fd: int, name: str) -> None:
         os.unlink(name, dir_fd=dir_fd)
         return
     try:
+        if dir_mode is not None:
+            os.fchmod(fd, dir_mode)
         with os.scandir(fd) as it:
             entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
         for child, is_dir in entries:
             if is_dir:
-                rmtree_at(fd, child)
+                rmtree_at(fd, child, dir_mode=dir_mode)
             else:
                 try:
                     os.unlink(child, dir_fd=fd)
                 except FileNotFoundError:
                     pass
                 except IsADirectoryError:  # replaced by a directory meanwhile
-                    rmtree_at(fd, child)
+                    rmtree_at(fd, child, dir_mode=dir_mode)
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=dir_fd)

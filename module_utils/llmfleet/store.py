@@ -387,31 +387,10 @@ def _freeze(top_fd: int, shown: str) -> None:
 
 
 def _remove_tree(dir_fd: int, name: str) -> None:
-    """Delete dir_fd/name with everything below it. Only directories are made writable (unlinking needs
-    that), each opened O_NOFOLLOW and emptied through its fd: a file may be a hard link shared with the
-    published copy of a repaired revision and stays 0444; a link is unlinked, its target untouched."""
-    try:
-        fd = os.open(name, safefs.O_DIR, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        os.unlink(name, dir_fd=dir_fd)
-        return
-    try:
-        os.fchmod(fd, DIR_RW)
-        with os.scandir(fd) as it:
-            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-        for child, is_dir in entries:
-            if is_dir:
-                _remove_tree(fd, child)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(child, dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)
+    """Delete dir_fd/name with everything below it, never through a link. Only directories are made writable
+    (unlinking needs that): a file may be a hard link shared with the published copy of a repaired revision and
+    stays 0444."""
+    safefs.rmtree_at(dir_fd, name, dir_mode=DIR_RW)
 
 
 def _exchange(dir_fd: int, a: str, b: str) -> bool:
