@@ -442,7 +442,7 @@ def _add_node_commands(sub: Any) -> None:
         "--revision", type=_commit, help="40-hex commit to record (default: from a hub-cache snapshots/<rev> path)"
     )
     m.add_argument("--threads", type=_at_least(1), default=4, help="files hashed in parallel (default 4)")
-    m.add_argument("-o", "--output", help="write to this file (atomically) instead of stdout")
+    m.add_argument("-o", "--output", metavar="FILE", help="write to this file (atomically) instead of stdout")
     m.add_argument("--json", action="store_true", help="accepted for symmetry: the manifest is always JSON")
     m.set_defaults(func=_cmd_checkpoint_manifest, schema_name=None)  # a manifest names its own "format"
 

@@ -24,7 +24,9 @@ def plugged(monkeypatch):
 
 def test_arguments_through_the_top_level_parser(plugged):
     ap = cli.build_parser()
-    a = ap.parse_args(["status", "-i", "inv", "-i", "inv2", "--deployment", "demo", "--json", "-e", "lab_operator=root"])
+    a = ap.parse_args(
+        ["status", "-i", "inv", "-i", "inv2", "--deployment", "demo", "--json", "-e", "lab_operator=root"]
+    )
     assert (a.inventory, a.deployment, a.json, a.extra_vars, a.timeout) == (
         ["inv", "inv2"], "demo", True, ["lab_operator=root"], 30.0)  # fmt: skip
     a = ap.parse_args(["logs", "--first-failed", "-n", "80"])
