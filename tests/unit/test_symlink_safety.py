@@ -271,7 +271,7 @@ def test_engine_cache_fails_naming_the_planted_link(module_exits, monkeypatch, t
     from tests.unit.module_utils import AnsibleFailJson, set_module_args
 
     monkeypatch.setattr(
-        llmfleet_engine_cache, "engine_versions", lambda python: {"versions": {"sglang": "0.5"}, "cuda": "12.8"}
+        llmfleet_engine_cache, "engine_versions", lambda python, **_: {"versions": {"sglang": "0.5"}, "cuda": "12.8"}
     )
     monkeypatch.setattr(llmfleet_engine_cache, "gpu_facts", lambda: {"driver": "570", "compute_capability": "9.0"})
     model = tmp_path / "model"
