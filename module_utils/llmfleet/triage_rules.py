@@ -12,6 +12,7 @@ from typing import Any
 
 LABELS = {
     "stopped-by-operator": "stopped by operator",
+    "ended-cleanly": "ended cleanly (its start is before the bundle)",
     "running": "running",
     "engine-crash": "engine crash",
     "oom-kill": "OOM kill of this unit",
@@ -37,7 +38,7 @@ LABELS = {
     "unhealthy-while-serving": "hung while serving",
     "unknown": "ended, cause not found",
 }
-NOT_FAILED = ("running", "stopped-by-operator", "deployment-stopped")
+NOT_FAILED = ("running", "stopped-by-operator", "deployment-stopped", "ended-cleanly")
 
 # ---- GPU Xid (NVIDIA's Xid catalog, in our words) -----------------------------------------------------------------
 # class: hardware (the GPU or its firmware failed: a cause), application (a GPU fault raised by the code running

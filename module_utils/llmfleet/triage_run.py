@@ -237,6 +237,12 @@ class Ending:
             return self._mech(run, "exit-code", run.end, f"the engine exited with code {n}", [])
         if run.first("start_limit") is not None or result == "start-limit-hit":
             return self._mech(run, "start-limit", run.end, "systemd refused to start it again (StartLimitBurst)", [])
+        cut = run.first("starting") is None and run.first("started") is None and not run.record
+        if cut and self.launched and run.first("deactivated") is not None and run.first("result") is None:
+            # Only the end of a run whose start lies before the bundle's --since: the wrapper turns every unrequested
+            # exit into a failure (70, 69, 75...), so a unit that deactivated successfully was stopped on request.
+            why = "the unit deactivated successfully (systemd); its start and stop request lie before the bundle"
+            return self._mech(run, "ended-cleanly", run.end, why, [run.first("deactivated")], stop=True)
         if (
             run.end is not None
             or show.get("ActiveState") in ("inactive", "failed")

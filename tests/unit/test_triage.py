@@ -719,3 +719,19 @@ def test_a_hang_while_serving_is_named_with_its_probes_and_the_peer_is_its_conse
     u = _unit(report, "n1")
     assert u["verdict"] == "unhealthy-while-serving" and "hung while serving: 2 health probes" in u["cause"], u
     assert _unit(report, "n2")["role"] == "consequence"
+
+
+def test_the_tail_of_a_clean_stop_cut_by_the_bundles_window_is_not_the_first_failure(tmp_path):
+    """`bundle --since` a moment before a run started can catch the last lines of the run before it (stopped on request
+    by a converge): only systemd's `Deactivated successfully.`, no start, no record. Before, that tail was judged
+    "ended, cause not found", a failure earlier than the real one (seen in the lab's hang-while-serving test)."""
+    rows = [("03:00:00", "sd", "e.service: Deactivated successfully."),
+            ("03:00:00", "sd", "Stopped eng."),
+            ("03:00:01", "sd", "Starting eng..."),
+            ("03:00:20", "u", "llmfleet exec: unhealthy-while-serving: exit 69: hung while serving: 2 probes failed"),
+            ("03:00:20", "sd", "e.service: Main process exited, code=exited, status=69/n/a"),
+            ("03:00:20", "sd", "e.service: Failed with result 'exit-code'.")]  # fmt: skip
+    report = triage.analyse(_bundle(tmp_path, {"n1": {"units": {"e.service": (rows, FAILED)}}}))
+    u = _unit(report, "n1")
+    assert u["verdict"] != "unknown" and u["failed"], u
+    assert report["first_failure"]["at_iso"].endswith("03:00:20Z"), report["first_failure"]
