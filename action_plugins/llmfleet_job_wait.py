@@ -41,11 +41,11 @@ def _line(fmt: str, progress: dict | None, host: str) -> str | None:
     if not progress:
         return None
     if fmt == "stage":
-        from llmfleet.stage_progress import progress_line
+        from llmfleet.stage.progress import progress_line
 
         return progress_line(progress, host)
     if fmt == "gate":
-        from llmfleet.gate import progress_line
+        from llmfleet.engine.gate import progress_line
 
         return progress_line(progress)
     return None

@@ -32,8 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmfleet import checkpoint, stage  # noqa: E402
-from llmfleet.manifest import build_manifest  # noqa: E402
+from llmfleet.stage import checkpoint  # noqa: E402
+from llmfleet.stage import staging as stage  # noqa: E402
+from llmfleet.stage.manifest import build_manifest  # noqa: E402
 from tests.helpers.ckpt import write_raw  # noqa: E402
 from tests.lab.labctl import Lab  # noqa: E402
 

@@ -43,8 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmfleet.stage import assign_files  # noqa: E402
-from llmfleet.transfer import CHUNK  # noqa: E402
+from llmfleet.stage.staging import assign_files  # noqa: E402
+from llmfleet.stage.transfer import CHUNK  # noqa: E402
 
 GB = 1e9
 GiB = 1024**3

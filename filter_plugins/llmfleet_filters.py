@@ -34,7 +34,7 @@ def llmfleet_node_order(hosts: list, head_hosts: list) -> list:
 def llmfleet_layout_error(tp: int, pp: int, nnodes: int, gpus_per_node: int) -> str:
     """'' when TP x PP can be placed on nnodes nodes of gpus_per_node GPUs, else what to fix: the
     engine plan's own rule (check_layout), so validation checks exactly what the engine role consumes."""
-    from llmfleet.engine import PlanError, check_layout
+    from llmfleet.engine.command import PlanError, check_layout
 
     try:
         check_layout(int(tp), int(pp), int(nnodes), int(gpus_per_node))
@@ -45,8 +45,8 @@ def llmfleet_layout_error(tp: int, pp: int, nnodes: int, gpus_per_node: int) -> 
 
 def llmfleet_gpu_set_error(gpus: list, tp: int, pp: int, nnodes: int, gpus_per_node: int, *, topo_gpus=()) -> str:
     """'' when llmfleet_gpus names one usable GPU per rank of a node, else what to fix (the engine plan's rule)."""
-    from llmfleet.engine import PlanError, check_layout
-    from llmfleet.gpuset import GpuSetError, resolve
+    from llmfleet.engine.command import PlanError, check_layout
+    from llmfleet.engine.gpuset import GpuSetError, resolve
 
     try:
         rpn = check_layout(int(tp), int(pp), int(nnodes), int(gpus_per_node))
@@ -57,8 +57,8 @@ def llmfleet_gpu_set_error(gpus: list, tp: int, pp: int, nnodes: int, gpus_per_n
 
 
 def llmfleet_gpu_set(gpus: list, gpus_per_node: int, topo_gpus: list, ranks_per_node: int) -> dict:
-    """One node's GPUs for ranks_per_node ranks: {named, indexes, visible, numa_nodes} (llmfleet.gpuset.resolve)."""
-    from llmfleet.gpuset import GpuSetError, resolve
+    """One node's GPUs for ranks_per_node ranks: {named, indexes, visible, numa_nodes} (engine.gpuset.resolve)."""
+    from llmfleet.engine.gpuset import GpuSetError, resolve
 
     try:
         return resolve(list(gpus or []), int(gpus_per_node), list(topo_gpus or []), int(ranks_per_node))
@@ -68,21 +68,21 @@ def llmfleet_gpu_set(gpus: list, gpus_per_node: int, topo_gpus: list, ranks_per_
 
 def llmfleet_gpu_claim(deployment: str, gpu_set: Mapping, ports: Mapping) -> dict:
     """What a deployment holds on a node: its GPUs ('all' when it names none) and its TCP ports (0 = none)."""
-    from llmfleet.gpuset import claim
+    from llmfleet.engine.gpuset import claim
 
     return claim(str(deployment), dict(gpu_set), dict(ports))
 
 
 def llmfleet_gpu_claim_conflicts(mine: Mapping, others: list) -> list:
     """What this deployment's claim on a node (GPUs, ports) shares with the other deployments' claims there."""
-    from llmfleet.gpuset import conflicts
+    from llmfleet.engine.gpuset import conflicts
 
     return conflicts(dict(mine), [dict(o) for o in others or []])
 
 
 def llmfleet_pair_rounds(nodes: list) -> list:
     """Rounds of node pairs (each node at most once per round): every pair exactly once."""
-    from llmfleet.nccl_verdict import pair_rounds
+    from llmfleet.checks.nccl_verdict import pair_rounds
 
     return [[list(p) for p in r] for r in pair_rounds(list(nodes))]
 
@@ -100,7 +100,7 @@ def llmfleet_gpu_model(hostvars_of_one: Mapping) -> str | None:
 
 def llmfleet_nccl_cut_off(by_node: Mapping) -> list:
     """Nodes cut off from the head's rendezvous store in the full world ({node: {_nccl_check_full: ...}})."""
-    from llmfleet.nccl_verdict import cut_off
+    from llmfleet.checks.nccl_verdict import cut_off
 
     return cut_off({n: ((v or {}).get("_nccl_check_full") or {}).get("ranks", []) for n, v in by_node.items()})
 
@@ -110,7 +110,7 @@ def llmfleet_nccl_verdict(by_node: Mapping, floors: Mapping | None = None, ref_b
     """Verdict of the three phases from every node's results: {node: {_nccl_check_single,
     _nccl_check_full, _nccl_check_pairs}} -> ok, culprit ranks, bad/slow nodes, bad links, one line each.
     floors: {GPU model substring: GB/s} for the single-node all_reduce busbw at ref_bytes."""
-    from llmfleet.nccl_verdict import fleet_verdict
+    from llmfleet.checks.nccl_verdict import fleet_verdict
 
     return fleet_verdict(by_node, floors, ref_bytes, models)
 
@@ -118,8 +118,8 @@ def llmfleet_nccl_verdict(by_node: Mapping, floors: Mapping | None = None, ref_b
 def llmfleet_engine_plan(spec: Mapping, node_rank: int) -> dict:
     """Everything one node's unit needs: argv, the ExecStart line, the READY rule, whether it serves
     the API, ranks per node and the loader fan-out. Errors name the variable to fix."""
-    from llmfleet.engine import PlanError
-    from llmfleet.plan import node_plan
+    from llmfleet.engine.command import PlanError
+    from llmfleet.engine.plan import node_plan
 
     try:
         return node_plan(spec, node_rank)
@@ -130,8 +130,8 @@ def llmfleet_engine_plan(spec: Mapping, node_rank: int) -> dict:
 def llmfleet_router_plan(spec: Mapping) -> dict:
     """vllm_pd: the P/D router's unit on the head (argv, ExecStart line, READY rule, the instances it
     routes to). Errors name the variable to fix."""
-    from llmfleet.engine import PlanError
-    from llmfleet.plan import router_plan
+    from llmfleet.engine.command import PlanError
+    from llmfleet.engine.plan import router_plan
 
     try:
         return router_plan(spec)
@@ -141,21 +141,21 @@ def llmfleet_router_plan(spec: Mapping) -> dict:
 
 def llmfleet_systemd_line(argv: list) -> str:
     """ExecStart words for argv (quoted for systemd, % and $ escaped)."""
-    from llmfleet.engine import systemd_command_line
+    from llmfleet.engine.command import systemd_command_line
 
     return systemd_command_line([str(a) for a in argv])
 
 
 def llmfleet_cache_env(cache_dir: str) -> dict:
     """Environment that points every JIT/compile cache into the fingerprint directory."""
-    from llmfleet.engine import cache_env
+    from llmfleet.engine.command import cache_env
 
     return cache_env(str(cache_dir))
 
 
 def llmfleet_ssh_argv(hostvars_of_one: Mapping, name: str) -> list:
     """OpenSSH argv that reaches a host the way Ansible does (for controller-side gates)."""
-    from llmfleet.gate import ssh_argv
+    from llmfleet.engine.gate import ssh_argv
 
     keys = ("ansible_host", "ansible_user", "ansible_port", "ansible_ssh_private_key_file",
             "ansible_ssh_common_args", "ansible_ssh_extra_args")  # fmt: skip
@@ -187,21 +187,21 @@ def llmfleet_pd_gate_nodes(hostvars: Mapping, nodes: list) -> list:
 
 def llmfleet_accept_table(report: Mapping) -> str:
     """The acceptance report (llmfleet accept --json) as the table the CLI prints."""
-    from llmfleet.accept import render_table
+    from llmfleet.accept.run import render_table
 
     return render_table(dict(report))
 
 
 def llmfleet_engine_record(gates: list, meta: Mapping) -> dict:
     """engine-<deployment>.json for the report: this run's gate results, the failure (if any) up front."""
-    from llmfleet.gate import deployment_record
+    from llmfleet.engine.gate import deployment_record
 
     return deployment_record(list(gates or []), **dict(meta))
 
 
 def llmfleet_timeline_table(timeline: Mapping) -> list:
     """The cold-start timeline as fixed-width lines in seconds (play output)."""
-    from llmfleet.gate import timeline_table
+    from llmfleet.engine.gate import timeline_table
 
     return timeline_table(dict(timeline or {}))
 

@@ -129,10 +129,10 @@ import os
 import pwd
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.engine import PlanError, fingerprint
-from ansible.module_utils.llmfleet.engine_node import engine_versions, gpu_facts, model_identity, prepare_cache
+from ansible.module_utils.llmfleet.engine.command import PlanError, fingerprint
+from ansible.module_utils.llmfleet.engine.node import engine_versions, gpu_facts, model_identity, prepare_cache
 from ansible.module_utils.llmfleet.safefs import UnsafePathError
-from ansible.module_utils.llmfleet.store import paths_in_use
+from ansible.module_utils.llmfleet.stage.store import paths_in_use
 
 
 def fingerprint_dirs_in_use(root: str) -> set[str]:

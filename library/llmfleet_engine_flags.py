@@ -10,7 +10,7 @@ short_description: Check an engine command line against the engine's own --help
 description:
   - Runs the engine's help once (C(sglang serve --help), C(vllm serve --help=all)) and fails naming every
     flag of I(argv) the engine would not accept, with why and close matches.
-  - Reads the help as the engine's own parser reads argv (C(llmfleet.helpflags)), per I(profile) - vLLM takes
+  - Reads the help as the engine's own parser reads argv (C(llmfleet.engine.helpflags)), per I(profile) - vLLM takes
     C(--max_num_seqs), dotted keys (C(-cc.mode=none)), C(-O3) and unique prefixes; SGLang unique prefixes
     (C(--tp)); an ambiguous prefix (C(--enable-metric) where C(--enable-metrics) and
     C(--enable-metrics-for-all-schedulers) exist) is refused, as the engine refuses it.
@@ -103,9 +103,9 @@ unknown:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.engine import PlanError, describe_unknown
-from ansible.module_utils.llmfleet.engine_node import help_text
-from ansible.module_utils.llmfleet.helpflags import parse_help_flags, unknown_flags
+from ansible.module_utils.llmfleet.engine.command import PlanError, describe_unknown
+from ansible.module_utils.llmfleet.engine.helpflags import parse_help_flags, unknown_flags
+from ansible.module_utils.llmfleet.engine.node import help_text
 
 
 def argument_spec() -> dict:

@@ -118,7 +118,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet.engine_env import EngineEnvError, popen_kwargs
-from ansible.module_utils.llmfleet.node_probe import read_file
+from ansible.module_utils.llmfleet.oncall.node_probe import read_file
 
 UNIT_DIR = "/etc/systemd/system"
 NUMACTL = "/usr/bin/numactl"

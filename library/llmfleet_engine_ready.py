@@ -278,7 +278,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet import jobs
-from ansible.module_utils.llmfleet.gate import DEFAULT_PROMPT, Gate, PrivilegeError, failure_message
+from ansible.module_utils.llmfleet.engine.gate import DEFAULT_PROMPT, Gate, PrivilegeError, failure_message
 
 
 def argument_spec() -> dict:

@@ -176,7 +176,14 @@ planned:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.warmup import DEFAULTS, WarmupError, cells_of, check_settings, render_table, warmup
+from ansible.module_utils.llmfleet.accept.warmup import (
+    DEFAULTS,
+    WarmupError,
+    cells_of,
+    check_settings,
+    render_table,
+    warmup,
+)
 
 # The engine role's variable behind each option, named in the failure message.
 ROLE_VARS = {

@@ -152,11 +152,11 @@ import re
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.lease import Lease, LeaseTimeout
-from ansible.module_utils.llmfleet.manifest import build_manifest, obtain_manifest, stat_manifest
-from ansible.module_utils.llmfleet.stage import resolve_source
-from ansible.module_utils.llmfleet.stage_errors import StageError
-from ansible.module_utils.llmfleet.swarm import lease_check
+from ansible.module_utils.llmfleet.stage.errors import StageError
+from ansible.module_utils.llmfleet.stage.lease import Lease, LeaseTimeout
+from ansible.module_utils.llmfleet.stage.manifest import build_manifest, obtain_manifest, stat_manifest
+from ansible.module_utils.llmfleet.stage.staging import resolve_source
+from ansible.module_utils.llmfleet.stage.swarm import lease_check
 
 # Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).
 RANGES = {

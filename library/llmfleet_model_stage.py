@@ -328,12 +328,12 @@ import socket
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet import jobs
 from ansible.module_utils.llmfleet.fabric_key import FabricKeyError, load_key_file
-from ansible.module_utils.llmfleet.lease import LeaseTimeout
-from ansible.module_utils.llmfleet.manifest import load_manifest, manifest_digest, stat_manifest
-from ansible.module_utils.llmfleet.stage import StageRequest, plan, resolve_source
-from ansible.module_utils.llmfleet.stage_errors import StageError
-from ansible.module_utils.llmfleet.store import UNIT_GLOB
-from ansible.module_utils.llmfleet.swarm import SwarmConfig, run_node
+from ansible.module_utils.llmfleet.stage.errors import StageError
+from ansible.module_utils.llmfleet.stage.lease import LeaseTimeout
+from ansible.module_utils.llmfleet.stage.manifest import load_manifest, manifest_digest, stat_manifest
+from ansible.module_utils.llmfleet.stage.staging import StageRequest, plan, resolve_source
+from ansible.module_utils.llmfleet.stage.store import UNIT_GLOB
+from ansible.module_utils.llmfleet.stage.swarm import SwarmConfig, run_node
 
 # Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).
 RANGES = {

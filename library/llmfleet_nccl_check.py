@@ -12,7 +12,7 @@ description:
     environment (I(env_file)), waits with a deadline (ranks that outlive it are killed), and returns each
     rank's JSON (wrong-element counts per source rank, busbw, culprit ranks, phases of stalled ranks).
   - Fire it async on every node of the world at once, then poll.
-  - Read-only; the logic lives in C(llmfleet.nccl_check).
+  - Read-only; the logic lives in C(llmfleet.checks.nccl_check).
 options:
   python:
     description: The engine's Python (torch and the NCCL the engine uses).
@@ -248,8 +248,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet import jobs
+from ansible.module_utils.llmfleet.checks.nccl_check import read_env_file, run_node_worlds, visible_env, world_error
 from ansible.module_utils.llmfleet.engine_env import EngineEnvError
-from ansible.module_utils.llmfleet.nccl_check import read_env_file, run_node_worlds, visible_env, world_error
 
 
 def argument_spec() -> dict:

@@ -83,7 +83,7 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.preflight import probe_ports
+from ansible.module_utils.llmfleet.checks.preflight import probe_ports
 
 
 def listen(bind: str, ports: list[int], duration: float, ready_file: str | None = None) -> list[dict]:

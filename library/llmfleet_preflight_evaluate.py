@@ -95,7 +95,7 @@ failed_checks:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.preflight import evaluate, summary, table
+from ansible.module_utils.llmfleet.checks.preflight import evaluate, summary, table
 
 
 def argument_spec() -> dict:

@@ -76,7 +76,7 @@ measurements:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.preflight import measure
+from ansible.module_utils.llmfleet.checks.preflight import measure
 
 
 def argument_spec() -> dict:

@@ -109,7 +109,7 @@ import socket
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmfleet.topology import OverrideError, TopologyError, report
+from ansible.module_utils.llmfleet.checks.topology import OverrideError, TopologyError, report
 
 
 def argument_spec() -> dict:

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "module_utils"))
 
-from llmfleet.nccl_check import free_port, run_node_ranks  # noqa: E402
-from llmfleet.nccl_verdict import judge  # noqa: E402
+from llmfleet.checks.nccl_check import free_port, run_node_ranks  # noqa: E402
+from llmfleet.checks.nccl_verdict import judge  # noqa: E402
 
 
 def node_ip() -> str:

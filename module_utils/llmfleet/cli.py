@@ -17,25 +17,21 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import (
-    __version__,
-    accept,
-    fit_cli,
-    oncall_bundle,
-    oncall_logs,
-    oncall_rdma,
-    oncall_restart,
-    oncall_status,
-    oncall_stop,
-    oncall_why,
-    precompile,
-    report_cli,
-    servebench,
-    specdecode,
-    warmup,
-)
+from . import __version__
+from .accept import run as accept
+from .accept import warmup
+from .bench import serve as servebench
 from .cli_grammar import EXIT_CODES, alias, completion_script, stamp_schema
-from .manifest import HEX40
+from .engine import fit_cli, precompile, specdecode
+from .oncall import bundle as oncall_bundle
+from .oncall import logs as oncall_logs
+from .oncall import rdma as oncall_rdma
+from .oncall import restart as oncall_restart
+from .oncall import status as oncall_status
+from .oncall import stop as oncall_stop
+from .oncall import why as oncall_why
+from .report import cli as report_cli
+from .stage.manifest import HEX40
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -123,7 +119,7 @@ def _cmd_node_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkpoint_verify(args: argparse.Namespace) -> int:
-    from .checkpoint import verify
+    from .stage.checkpoint import verify
 
     if not os.path.isdir(args.dir):
         return _usage_error("checkpoint verify", f"{args.dir}: not a directory (give the one holding config.json)")
@@ -150,8 +146,8 @@ def _cmd_checkpoint_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkpoint_manifest(args: argparse.Namespace) -> int:
-    from .manifest import build_manifest
-    from .stage_errors import StageError
+    from .stage.errors import StageError
+    from .stage.manifest import build_manifest
 
     if not os.path.isdir(args.dir):
         return _usage_error("checkpoint manifest", f"{args.dir}: not a directory (give the one holding config.json)")
@@ -182,11 +178,11 @@ def _cmd_checkpoint_manifest(args: argparse.Namespace) -> int:
 def _cmd_stage(args: argparse.Namespace) -> int:
     import tempfile
 
-    from .manifest import build_manifest, load_manifest
-    from .stage import StageRequest, plan, resolve_source, stage
-    from .stage_errors import StageError
-    from .store import model_dir
-    from .transfer import LocalSource
+    from .stage.errors import StageError
+    from .stage.manifest import build_manifest, load_manifest
+    from .stage.staging import StageRequest, plan, resolve_source, stage
+    from .stage.store import model_dir
+    from .stage.transfer import LocalSource
 
     if not os.path.isdir(args.source):
         return _usage_error("stage", f"{args.source}: not a directory (is the shared storage mounted?)")
@@ -242,7 +238,7 @@ class StageProgress:
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def show(self) -> None:
-        from .stage_progress import progress_line
+        from .stage.progress import progress_line
 
         try:
             with open(self.path, encoding="utf-8") as f:
@@ -288,7 +284,7 @@ def _cmd_completion(args: argparse.Namespace) -> int:
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:
-    from .topology import OverrideError, TopologyError, render_env_file, report
+    from .checks.topology import OverrideError, TopologyError, render_env_file, report
 
     if not os.path.isdir(args.sysfs_root):
         return _usage_error("topology", f"--sysfs-root {args.sysfs_root}: not a directory")
@@ -546,7 +542,7 @@ def _stdout_gone() -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "exec":
-        from .wrapper import main as exec_main
+        from .wrapper.run import main as exec_main
 
         return exec_main(argv[1:])
     ap = build_parser()

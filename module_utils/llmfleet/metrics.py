@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import nccl_verdict
+from .checks import nccl_verdict
 
 NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")

@@ -15,7 +15,7 @@ import threading
 import time
 
 sys.path.insert(0, "module_utils")
-from llmfleet import nccl_check
+from llmfleet.checks import nccl_check
 
 out = os.environ.get("OUT", "/tmp")
 # Two ranks on one GPU: NCCL's socket transport (no P2P/SHM between "nodes"), as on a fabric without RDMA;

@@ -10,7 +10,7 @@ import sys
 import time
 
 sys.path.insert(0, "module_utils")
-from llmfleet import nccl_check
+from llmfleet.checks import nccl_check
 
 out = os.environ.get("OUT", "/tmp")
 res = {}

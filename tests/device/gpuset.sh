@@ -11,7 +11,7 @@ py=${PYTHON:-python3}
 $py - "$out" <<'PY' 2>&1 | tee "$out/gpuset.txt"
 import json, os, subprocess, sys
 from llmfleet import gpuset, topology
-from llmfleet.nccl_check import run_node_ranks, visible_env
+from llmfleet.checks.nccl_check import run_node_ranks, visible_env
 
 out = sys.argv[1]
 topo = topology.discover("/sys", use_nvml=True)

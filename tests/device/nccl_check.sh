@@ -87,17 +87,17 @@ for op in all_reduce broadcast all_gather sendrecv; do
 done
 sizes=$($py -c 'print(",".join(str(2**k) for k in range(3, 31)))')
 for timing in auto eager; do
-  timeout 500 $py -m llmfleet.nccl_check local --nproc "$n" --backend nccl --sizes "$sizes" --iters 20 --warmup 5 \
+  timeout 500 $py -m llmfleet.checks.nccl_check local --nproc "$n" --backend nccl --sizes "$sizes" --iters 20 --warmup 5 \
     --reps 3 --timing $timing --reference --deadline 450 >"$out/check-$timing.json" 2>"$out/check-$timing.err"
   stamp "check ($timing timing) rc=$? $(verdict "$out/check-$timing.json")"
 done
 
 # 3. Faults inside one node: a rank whose buffer is wrong, data damaged after it arrived.
-timeout 200 $py -m llmfleet.nccl_check local --nproc "$n" --backend nccl --sizes 1K,64M --iters 5 --warmup 2 \
+timeout 200 $py -m llmfleet.checks.nccl_check local --nproc "$n" --backend nccl --sizes 1K,64M --iters 5 --warmup 2 \
   --corrupt-rank $((n - 1)) --deadline 180 >"$out/check-corrupt-rank.json" 2>&1
 stamp "corrupt rank $((n - 1)) rc=$? (1 expected): $(verdict "$out/check-corrupt-rank.json")"
 if [ "$n" -ge 2 ]; then
-  timeout 200 $py -m llmfleet.nccl_check local --nproc "$n" --backend nccl --sizes 1K,64M --iters 5 --warmup 2 \
+  timeout 200 $py -m llmfleet.checks.nccl_check local --nproc "$n" --backend nccl --sizes 1K,64M --iters 5 --warmup 2 \
     --corrupt-transit 1:0 --deadline 180 >"$out/check-transit.json" 2>&1
   stamp "transit 0->1 rc=$? (1 expected): $(verdict "$out/check-transit.json")"
 fi

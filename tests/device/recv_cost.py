@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "module_utils"))
 
-from llmfleet import peer, transfer  # noqa: E402
+from llmfleet.stage import peer, transfer  # noqa: E402
 
 REV = "e" * 40
 FABRIC_KEY = b"recv-cost-fabric-key-0123456789abcdef"  # every peer request proves it, as on nodes

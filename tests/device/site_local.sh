@@ -54,7 +54,7 @@ step() { # step NAME CMD...: run, log to OUTDIR/NAME.log, remember a failure
 nvidia-smi >"$out/raw/nvidia-smi.txt" 2>&1
 nvidia-smi -q >"$out/raw/nvidia-smi-q.txt" 2>&1
 nvidia-smi topo -m >"$out/raw/nvidia-smi-topo-m.txt" 2>&1
-LC_ALL=C nvidia-smi --query-gpu="$("$py" -c 'import sys; sys.path.insert(0, "module_utils"); from llmfleet.preflight import GPU_QUERY; print(GPU_QUERY)')" \
+LC_ALL=C nvidia-smi --query-gpu="$("$py" -c 'import sys; sys.path.insert(0, "module_utils"); from llmfleet.checks.preflight import GPU_QUERY; print(GPU_QUERY)')" \
   --format=csv,noheader,nounits >"$out/raw/nvidia-smi-preflight-query.csv" 2>&1
 LC_ALL=C nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits >"$out/raw/nvidia-smi-memory-total.csv" 2>&1
 cat /proc/driver/nvidia/version >"$out/raw/proc-driver-nvidia-version.txt" 2>&1

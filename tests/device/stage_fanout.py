@@ -25,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "module_utils"))
 
-from llmfleet import stage, swarm  # noqa: E402
-from llmfleet.manifest import build_manifest  # noqa: E402
+from llmfleet.stage import staging as stage  # noqa: E402
+from llmfleet.stage import swarm  # noqa: E402
+from llmfleet.stage.manifest import build_manifest  # noqa: E402
 
 REV = "f" * 40
 FABRIC_KEY = b"stage-fanout-fabric-key-0123456789abcdef"  # every peer request proves it, as on nodes
@@ -71,7 +72,7 @@ def node(
     h: str, req_kw: dict, cfg_kw: dict, q: mp.Queue, cpus: list[int] | None = None, tune: dict | None = None
 ) -> None:
     try:
-        from llmfleet import peer, transfer
+        from llmfleet.stage import peer, transfer
 
         for k, v in (tune or {}).items():  # experiments: transfer.CHUNK, peer._TICK_S
             setattr(transfer if k == "CHUNK" else peer, k, v)

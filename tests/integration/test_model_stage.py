@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from llmfleet import checkpoint, lease
-from llmfleet.manifest import build_manifest
+from llmfleet.stage import checkpoint, lease
+from llmfleet.stage.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
 from tests.integration.conftest import LAB_NODES, ROOT, ansible_env, kill_tree, run_ansible, ssh
 

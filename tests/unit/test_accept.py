@@ -17,7 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import accept, accept_checks, accept_http, accept_profile, gate
+from llmfleet.accept import checks as accept_checks
+from llmfleet.accept import client as accept_http
+from llmfleet.accept import profile as accept_profile
+from llmfleet.accept import run as accept
+from llmfleet.engine import gate
 from tests.helpers.fake_openai import FAULTS, FakeOpenAI
 
 ROOT = Path(__file__).resolve().parents[2]

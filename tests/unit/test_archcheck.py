@@ -1,12 +1,12 @@
-"""llmfleet.archcheck against the registries captured from vLLM 0.32.0 (its own ModelRegistry) and SGLang 0.5.23
+"""llmfleet.engine.archcheck against the registries captured from vLLM 0.32.0 (its own ModelRegistry) and SGLang 0.5.23
 (the EntryClass names of its models/ directory), and the AST capture on a synthetic models directory."""
 
 import json
 
 import pytest
 
-from llmfleet import archcheck as ac
-from llmfleet.archcheck import ArchCheckError
+from llmfleet.engine import archcheck as ac
+from llmfleet.engine.archcheck import ArchCheckError
 
 
 @pytest.mark.parametrize(("engine", "version", "count"), [("vllm", "0.32.0", 391), ("sglang", "0.5.23", 290)])

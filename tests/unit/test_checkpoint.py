@@ -10,7 +10,7 @@ import sys
 import pytest
 from safetensors import safe_open
 
-from llmfleet import checkpoint, manifest
+from llmfleet.stage import checkpoint, manifest
 from tests.helpers.ckpt import make_checkpoint, write_raw
 
 SHARD1 = "model-00001-of-00003.safetensors"

@@ -151,12 +151,12 @@ def test_bad_input_is_one_clear_line_and_exit_2(trees, tmp_path, label, argv, te
 
 
 def test_manifest_output_is_checked_before_hashing(trees, tmp_path, monkeypatch):
-    import llmfleet.manifest
+    import llmfleet.stage.manifest
 
     def hashing(*a, **k):
         raise AssertionError("hashed the revision before checking -o")
 
-    monkeypatch.setattr(llmfleet.manifest, "build_manifest", hashing)
+    monkeypatch.setattr(llmfleet.stage.manifest, "build_manifest", hashing)
     rc, _, err = run_main(["checkpoint", "manifest", trees["ck"], "-o", str(tmp_path / "no/such/dir/m.json")])
     assert rc == 2 and "does not exist" in err
 

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from llmfleet import cli, precompile, startscan
+from llmfleet import cli
+from llmfleet.engine import precompile, startscan
 
 VLLM_METRICS = (
     "# TYPE vllm:spec_decode_num_drafts_total counter\n"

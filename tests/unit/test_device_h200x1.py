@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import fit, fit_cli, preflight, topology
+from llmfleet.checks import preflight, topology
+from llmfleet.engine import fit, fit_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests/fixtures/device-h200x1"

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet import engine_env, preflight
-from llmfleet.engine import PlanError
+from llmfleet import engine_env
+from llmfleet.checks import preflight
+from llmfleet.checks.nccl_check import run_node_ranks
+from llmfleet.engine.command import PlanError
+from llmfleet.engine.node import engine_versions, help_text
 from llmfleet.engine_env import EngineEnvError, popen_kwargs, unsafe_paths
-from llmfleet.engine_node import engine_versions, help_text
-from llmfleet.nccl_check import run_node_ranks
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown and dropping privileges need root")
 ROOT = Path(__file__).parents[2]

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from llmfleet import engine_node
-from llmfleet.engine import PlanError
+from llmfleet.engine import node as engine_node
+from llmfleet.engine.command import PlanError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the cache trusts only root-owned files")
 

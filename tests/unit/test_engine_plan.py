@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 import llmfleet_engine_flags
-from llmfleet import engine, engine_node, helpflags
-from llmfleet.engine import PlanError
+from llmfleet.engine import command as engine
+from llmfleet.engine import helpflags
+from llmfleet.engine import node as engine_node
+from llmfleet.engine.command import PlanError
 from tests.unit.module_utils import AnsibleExitJson, AnsibleFailJson, set_module_args
 
 GOLDEN = Path(__file__).parent / "golden"

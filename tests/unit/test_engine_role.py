@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet import engine
+from llmfleet.engine import command as engine
 from tests.helpers.once import once
 
 ROOT = Path(__file__).resolve().parents[2]

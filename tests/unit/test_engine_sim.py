@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import engine, wrapper
+from llmfleet.engine import command as engine
+from llmfleet.wrapper import run as wrapper
 from tests.helpers import burst
 from tests.helpers.ckpt import make_checkpoint
 from tests.lab.engine_sim import answers, api, checkpoint, faults

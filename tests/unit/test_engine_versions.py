@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from llmfleet.engine_node import engine_versions
+from llmfleet.engine.node import engine_versions
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from llmfleet.nccl_verdict import fleet_verdict
-from llmfleet.plan import node_plan, router_plan
+from llmfleet.checks.nccl_verdict import fleet_verdict
+from llmfleet.engine.plan import node_plan, router_plan
 from llmfleet_filters import (
     FilterModule,
     llmfleet_duplicates,
@@ -138,7 +138,7 @@ def test_layout_error_is_the_engine_plans_rule(tp, pp, nnodes, gpus, text):
     got = llmfleet_layout_error(tp, pp, nnodes, gpus)
     assert (text in got) if text else got == ""
     if not text:  # what validation accepts, the engine plan accepts
-        from llmfleet.engine import check_layout
+        from llmfleet.engine.command import check_layout
 
         assert check_layout(tp, pp, nnodes, gpus) == tp * pp // nnodes
 

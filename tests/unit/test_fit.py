@@ -1,4 +1,4 @@
-"""llmfleet.fit: the per-GPU memory estimate against the two worked examples of docs/engine-fit.md (hand
+"""llmfleet.engine.fit: the per-GPU memory estimate against the two worked examples of docs/engine-fit.md (hand
 calculation in closed form below, from config.json numbers alone), the KV models, the PP layer split, and the
 parser of the engines' own memory lines (real captured vLLM CPU logs; GPU lines rendered from the engines' own
 format strings, file cited at each).
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import fit
-from llmfleet.fit import GIB, MIB, FitError
+from llmfleet.engine import fit
+from llmfleet.engine.fit import GIB, MIB, FitError
 from tests.helpers.once import once
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "engines"

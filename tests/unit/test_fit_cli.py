@@ -95,7 +95,7 @@ def test_startscan_of_a_missing_file_is_exit_2(capsys):
     ],
 )  # fmt: skip
 def test_the_sizing_flags_come_from_the_engines_own_command_line(engine, argv, want):
-    from llmfleet import fit_cli
+    from llmfleet.engine import fit_cli
 
     assert fit_cli.flags_from_argv(argv, engine) == want
 
@@ -118,7 +118,7 @@ def test_sglang_without_a_fraction_is_judged_at_the_one_sglang_picks(glm_dir, ca
     """SGLang chooses --mem-fraction-static itself when none is given; fit used to refuse (exit 2), which would
     have stopped every SGLang deployment without the flag once the engine role runs fit. Now it takes SGLang's
     own rule: 1 - (its reserve for activations and graphs) / total (docs/engine-fit.md, worked example 2: 0.826)."""
-    from llmfleet import fit_cli
+    from llmfleet.engine import fit_cli
 
     h20 = 97871 * 1024**2
     assert round(fit_cli.sglang_own_fraction(h20, 8, 4, 64), 3) == 0.826
@@ -142,7 +142,7 @@ def test_sglang_without_a_fraction_is_judged_at_the_one_sglang_picks(glm_dir, ca
     ],
 )
 def test_speculating_with_the_models_own_mtp_layers_counts_them(engine, argv, mtp):
-    from llmfleet import fit_cli
+    from llmfleet.engine import fit_cli
 
     assert fit_cli.uses_mtp(["serve", "/m", *argv], engine) is mtp
 

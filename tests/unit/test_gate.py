@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from llmfleet import gate
+from llmfleet.engine import gate
 
 
 def node(rank=0):

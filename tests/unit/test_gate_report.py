@@ -3,7 +3,7 @@ and engine-<deployment>.json (the report's record, the first failure up front)."
 
 import json
 
-from llmfleet import gate
+from llmfleet.engine import gate
 
 TIMELINE = {
     "t0": 1796102800.0,

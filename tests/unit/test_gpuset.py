@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from llmfleet import gpuset
-from llmfleet.engine import PlanError
-from llmfleet.nccl_check import group_argv, numa_groups, visible_env
-from llmfleet.plan import node_plan
+from llmfleet.checks.nccl_check import group_argv, numa_groups, visible_env
+from llmfleet.engine import gpuset
+from llmfleet.engine.command import PlanError
+from llmfleet.engine.plan import node_plan
 from tests.unit.test_engine_role import play
 
 # An 8-GPU HGX node as the topology facts give it: GPUs 0-3 on NUMA node 0, 4-7 on node 1, UUIDs from NVML.

@@ -1,4 +1,4 @@
-"""llmfleet.helpflags against the engines' real help texts and what their real parsers accepted
+"""llmfleet.engine.helpflags against the engines' real help texts and what their real parsers accepted
 (tests/fixtures/engines/*.probe.json, written by probe_flags.py with the engines installed)."""
 
 import argparse
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import helpflags as hf
+from llmfleet.engine import helpflags as hf
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 HELP = {

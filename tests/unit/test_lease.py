@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from llmfleet import lease
+from llmfleet.stage import lease
 
 
 def test_cap_is_never_exceeded_and_is_reached(tmp_path):

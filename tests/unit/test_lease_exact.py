@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from llmfleet import lease
+from llmfleet.stage import lease
 
 CTX = multiprocessing.get_context("fork")
 ROUNDS = 40

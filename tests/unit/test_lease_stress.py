@@ -10,7 +10,7 @@ import random
 import threading
 import time
 
-from llmfleet import lease
+from llmfleet.stage import lease
 
 CTX = multiprocessing.get_context("fork")
 WORKERS = 16

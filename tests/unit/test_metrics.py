@@ -17,7 +17,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 import llmfleet
-from llmfleet import accept_checks, metrics, nccl_verdict, servebench
+from llmfleet import metrics
+from llmfleet.accept import checks as accept_checks
+from llmfleet.bench import serve as servebench
+from llmfleet.checks import nccl_verdict
 from llmfleet.metrics import Family, family, render
 
 ROOT = Path(__file__).resolve().parents[2]

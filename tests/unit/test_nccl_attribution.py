@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 
 def world(*args, nproc=3):
-    cp = subprocess.run([sys.executable, "-m", "llmfleet.nccl_check", "local", "--backend", "gloo", "--compact",
+    cp = subprocess.run([sys.executable, "-m", "llmfleet.checks.nccl_check", "local", "--backend", "gloo", "--compact",
                          "--nproc", str(nproc), "--iters", "1", "--warmup", "0", "--sizes", "1K", "--dtypes", "bf16",
                          "--deadline", "120", *args], capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
     return cp.returncode, json.loads(cp.stdout)

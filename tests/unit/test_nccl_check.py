@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from llmfleet import nccl_check, nccl_verdict
+from llmfleet.checks import nccl_check, nccl_verdict
 
 
 @pytest.mark.parametrize(
@@ -37,23 +37,23 @@ def test_default_sweeps():
 
 
 def test_module_entry_point_checks_its_arguments_without_torch():
-    """`python -m llmfleet.nccl_check` is the command every node runs: bad ops/dtypes fail as usage errors."""
-    cp = subprocess.run([sys.executable, "-m", "llmfleet.nccl_check", "local", "--nproc", "1", "--backend", "gloo",
+    """`python -m llmfleet.checks.nccl_check` is the command every node runs: bad ops/dtypes fail as usage errors."""
+    cp = subprocess.run([sys.executable, "-m", "llmfleet.checks.nccl_check", "local", "--nproc", "1", "--backend", "gloo",
                          "--ops", "all_reduce,nope"], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert cp.returncode == 2 and "unknown op/dtype ['nope']" in cp.stderr
-    cp = subprocess.run([sys.executable, "-m", "llmfleet.nccl_check", "rank", "--help"], capture_output=True, text=True,
+    cp = subprocess.run([sys.executable, "-m", "llmfleet.checks.nccl_check", "rank", "--help"], capture_output=True, text=True,
                         timeout=60, check=False)  # fmt: skip
     assert cp.returncode == 0 and "--corrupt-rank" in cp.stdout
     # The forked launcher checks every rank's arguments as the rank command does, before any rank starts.
     for spec, why in (("{", "--spec: not JSON"), ('{"a": 1}', "--spec: a non-empty JSON list"),
                       ('[["--rank", "5", "--world", "2", "--master", "m", "--port", "1"]]', "--rank 5: must be 0 to 1")):  # fmt: skip
-        cp = subprocess.run([sys.executable, "-m", "llmfleet.nccl_check", "ranks", "--spec", spec], capture_output=True,
+        cp = subprocess.run([sys.executable, "-m", "llmfleet.checks.nccl_check", "ranks", "--spec", spec], capture_output=True,
                             text=True, timeout=60, check=False)  # fmt: skip
         assert cp.returncode == 2 and why in cp.stderr, cp.stderr
 
 
 def local(*args, timeout=180):
-    cp = subprocess.run([sys.executable, "-m", "llmfleet.nccl_check", "local", "--backend", "gloo", "--compact",
+    cp = subprocess.run([sys.executable, "-m", "llmfleet.checks.nccl_check", "local", "--backend", "gloo", "--compact",
                          "--iters", "2", "--warmup", "1", *args], capture_output=True, text=True, timeout=timeout,
                         check=False)  # fmt: skip
     return cp.returncode, json.loads(cp.stdout)
@@ -83,7 +83,7 @@ def test_a_rank_that_never_arrives_is_named_without_hanging():
     common = ["--world", "3", "--master", "127.0.0.1", "--port", port, "--backend", "gloo", "--ops", "all_reduce",
               "--sizes", "8", "--iters", "1", "--warmup", "0", "--timeout", "5", "--op-timeout", "5", "--deadline", "40"]  # fmt: skip
     t0 = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-m", "llmfleet.nccl_check", "rank", "--rank", str(r), *common],
+    procs = [subprocess.Popen([sys.executable, "-m", "llmfleet.checks.nccl_check", "rank", "--rank", str(r), *common],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in (0, 1)]  # fmt: skip
     outs = [p.communicate(timeout=60)[0] for p in procs]
     elapsed = time.monotonic() - t0
@@ -102,7 +102,7 @@ def test_ranks_are_bound_to_their_gpus_numa_node_when_known():
     assert groups == {0: [(8, 0), (9, 1), (10, 2), (11, 3)], 1: [(12, 4), (13, 5), (14, 6), (15, 7)]}
     argv = nccl_check.group_argv(spec, groups[1], 1, "/usr/bin/numactl")
     assert argv[:3] == ["/usr/bin/numactl", "--cpunodebind=1", "--membind=1"]
-    assert argv[3:7] == ["/py", "-m", "llmfleet.nccl_check", "ranks"]
+    assert argv[3:7] == ["/py", "-m", "llmfleet.checks.nccl_check", "ranks"]
     ranks = json.loads(argv[argv.index("--spec") + 1])
     assert [r[:6] for r in ranks] == [
         ["--rank", str(g), "--world", "16", "--local-rank", str(lr)] for g, lr in groups[1]
@@ -116,7 +116,7 @@ def test_ranks_are_bound_to_their_gpus_numa_node_when_known():
 
 def test_each_rank_result_carries_its_wall_time_and_gpu():
     """Phases 2 and 3 derive their deadline from phase 1's wall times (nccl_check_deadline_factor)."""
-    from llmfleet.nccl_check import run_node_ranks
+    from llmfleet.checks.nccl_check import run_node_ranks
 
     # /bin/false as the Python: no rank runs, and the result still says how long it took and where it was placed.
     spec = {"python": "/bin/false", "world": 1, "master": "127.0.0.1", "port": 1, "deadline": 5,

@@ -4,8 +4,8 @@ ranks, every element compared by the rank's own checker; the limit refused befor
 
 import pytest
 
-from llmfleet import nccl_check
-from llmfleet.nccl_check import MAX_WORLD, Pattern
+from llmfleet.checks import nccl_check
+from llmfleet.checks.nccl_check import MAX_WORLD, Pattern
 
 torch = pytest.importorskip("torch")
 

@@ -3,8 +3,8 @@ busbw floors per GPU model, and the fleet's verdict after every phase."""
 
 import pytest
 
-from llmfleet import nccl_verdict
-from llmfleet.nccl_verdict import fleet_verdict
+from llmfleet.checks import nccl_verdict
+from llmfleet.checks.nccl_verdict import fleet_verdict
 
 
 def test_judge_verdicts():

@@ -31,6 +31,7 @@ def test_other_outcomes_are_named(monkeypatch, error, state):
 
 
 def test_preflight_and_gate_use_it():
-    from llmfleet import gate, preflight
+    from llmfleet.checks import preflight
+    from llmfleet.engine import gate
 
     assert preflight.connect_state is gate.connect_state is net.connect_state

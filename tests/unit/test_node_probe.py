@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import node_probe
-from llmfleet.oncall import PROBE_SOURCE_PATH
+from llmfleet.oncall import node_probe
+from llmfleet.oncall.common import PROBE_SOURCE_PATH
 
 # `systemctl show -p ExecStart` of a real engine unit (systemd 252): the argv is not quoted.
 EXEC_START = (
@@ -159,7 +159,7 @@ def test_runs_on_old_node_pythons(tmp_path, python):
 def test_journal_up_to_a_time_never_combines_lines_with_until_alone():
     """journalctl 252 answers "-- No entries --" to `-n 15 --until @T` (found on the lab): the probe reads the
     hour before T and keeps the last lines itself."""
-    from llmfleet import node_probe
+    from llmfleet.oncall import node_probe
 
     argv = node_probe.journal_argv({"until": 1000000, "lines": 15}, "u.service")
     assert "-n" not in argv and argv[argv.index("--since") + 1] == "@996400" and "@1000000" in argv

@@ -10,7 +10,7 @@ import stat
 import pytest
 from test_oncall_fakes import Fakes, three_nodes
 
-from llmfleet import oncall_bundle
+from llmfleet.oncall import bundle as oncall_bundle
 
 UNIT = "llmfleet-demo.service"
 
@@ -144,7 +144,7 @@ def test_json(fakes, tmp_path, capsys):
 
 def test_why_reads_what_bundle_writes(fakes, tmp_path):
     """The contract between `bundle` and `why` (docs/architecture.md): a crash collected here is found there."""
-    triage = pytest.importorskip("llmfleet.triage")
+    triage = pytest.importorskip("llmfleet.oncall.triage.verdict")
     fakes.set_unit(
         "node2", ActiveState="failed", SubState="failed", Result="exit-code", ExecMainCode=1, ExecMainStatus=1
     )

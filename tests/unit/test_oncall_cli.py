@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from llmfleet import cli, oncall_bundle, oncall_logs, oncall_rdma, oncall_restart, oncall_status, oncall_stop
+from llmfleet import cli
+from llmfleet.oncall import bundle as oncall_bundle
+from llmfleet.oncall import logs as oncall_logs
+from llmfleet.oncall import rdma as oncall_rdma
+from llmfleet.oncall import restart as oncall_restart
+from llmfleet.oncall import status as oncall_status
+from llmfleet.oncall import stop as oncall_stop
 
 ONCALL = (
     ("status", oncall_status, "is it serving: one line per node"),

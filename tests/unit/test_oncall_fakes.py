@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.oncall import AutoTransport, LocalTransport
+from llmfleet.oncall.common import AutoTransport, LocalTransport
 
 SYSTEMCTL = r"""
 import json, os, sys, time
@@ -303,7 +303,7 @@ def test_fake_systemctl_prints_what_systemd_prints(fakes):
     """The probe parses `systemctl show` and ExecStart the way systemd prints them: the fake must agree."""
     import subprocess
 
-    from llmfleet.node_probe import exec_argv
+    from llmfleet.oncall.node_probe import exec_argv
 
     env = fakes.env_for(type("N", (), {"name": "node1"})())
     out = subprocess.run(["systemctl", "show", fakes.unit, "--property=ExecStart", "--property=LoadState"],

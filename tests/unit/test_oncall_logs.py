@@ -9,8 +9,8 @@ import time
 import pytest
 from test_oncall_fakes import Fakes, three_nodes
 
-from llmfleet import oncall_logs
-from llmfleet.oncall_logs import INCIDENT_GAP_S, journal_time
+from llmfleet.oncall import logs as oncall_logs
+from llmfleet.oncall.logs import INCIDENT_GAP_S, journal_time
 
 NOW = time.time()
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_oncall_fakes import Fakes
 
-from llmfleet import oncall_rdma
-from llmfleet.oncall_rdma import hca_filter, rails
+from llmfleet.oncall import rdma as oncall_rdma
+from llmfleet.oncall.rdma import hca_filter, rails
 
 PORTS = [("mlx5_0", "1"), ("mlx5_1", "1"), ("mlx5_10", "1"), ("mlx5_bond_0", "1"), ("mlx5_1", "2")]
 

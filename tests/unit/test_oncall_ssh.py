@@ -21,8 +21,8 @@ import pytest
 from test_oncall_fakes import lab_inventory
 
 from llmfleet.fleet_inventory import load_fleet
-from llmfleet.oncall import call_probe
-from llmfleet.oncall_ssh import SshTransport, TransportError, connection
+from llmfleet.oncall.common import call_probe
+from llmfleet.oncall.ssh import SshTransport, TransportError, connection
 
 
 def test_lab_ssh_config_is_honoured_without_connecting(tmp_path):

@@ -12,8 +12,9 @@ import time
 import pytest
 from test_oncall_fakes import UNIT_AGE_S, Fakes, closed_port, listening_port, three_nodes
 
-from llmfleet import oncall, oncall_status
 from llmfleet.fleet_inventory import Node, Ssh
+from llmfleet.oncall import common as oncall
+from llmfleet.oncall import status as oncall_status
 
 
 @pytest.fixture
@@ -241,7 +242,7 @@ def test_on_call_modules_import_no_third_party_package_at_load():
 
 def test_a_node_the_link_stopped_with_an_operators_stop_is_no_failure():
     """Found on the lab: after `llmfleet stop`, node2's record `deployment-stopped` was listed as a problem."""
-    from llmfleet.oncall_status import record_failed
+    from llmfleet.oncall.status import record_failed
 
     assert not record_failed({"verdict": "deployment-stopped", "stop_requested": False})
     assert record_failed({"verdict": "peer-failed", "stop_requested": False})

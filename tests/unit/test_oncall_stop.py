@@ -11,7 +11,8 @@ import time
 import pytest
 from test_oncall_fakes import Fakes, three_nodes
 
-from llmfleet import oncall_restart, oncall_stop
+from llmfleet.oncall import restart as oncall_restart
+from llmfleet.oncall import stop as oncall_stop
 
 
 @pytest.fixture

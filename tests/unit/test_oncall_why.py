@@ -9,7 +9,7 @@ import tempfile
 
 from test_oncall_fakes import three_nodes
 
-from llmfleet import oncall_why
+from llmfleet.oncall import why as oncall_why
 
 
 def _why(f, capsys, *argv: str) -> tuple[int, str, str]:

@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from llmfleet import fabric_key, peer, store, swarm, transfer
-from llmfleet.manifest import build_manifest
-from llmfleet.stage import StageRequest
-from llmfleet.stage_errors import StageError
+from llmfleet import fabric_key
+from llmfleet.stage import peer, store, swarm, transfer
+from llmfleet.stage.errors import StageError
+from llmfleet.stage.manifest import build_manifest
+from llmfleet.stage.staging import StageRequest
 
 REV = "b" * 40
 KEY = b"the-deployments-fabric-key-0123456789abcdef"

@@ -5,9 +5,9 @@ import types
 
 import pytest
 
-from llmfleet import engine
-from llmfleet.engine import PlanError
-from llmfleet.plan import node_plan, router_plan
+from llmfleet.engine import command as engine
+from llmfleet.engine.command import PlanError
+from llmfleet.engine.plan import node_plan, router_plan
 
 # 4 x 8 GPUs, TP8 x PP4 (a field deployment's layout), 2 loader threads per rank on shared storage.
 SGLANG = {

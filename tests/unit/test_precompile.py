@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import helpflags, precompile
-from llmfleet.engine import PlanError
-from llmfleet.plan import node_plan
+from llmfleet.engine import helpflags, precompile
+from llmfleet.engine.command import PlanError
+from llmfleet.engine.plan import node_plan
 from tests.unit.test_engine_role import play, results
 
 HELP = Path(__file__).resolve().parents[1] / "fixtures" / "engines" / "sglang-0.5.23.serve-help.txt"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from llmfleet import preflight
+from llmfleet.checks import preflight
 
 
 def node(**over):

@@ -1,4 +1,4 @@
-"""The deployment report (llmfleet.report): collected from the record sets of tests/fixtures/reports (real lab
+"""The deployment report (llmfleet.report.build): collected from the record sets of tests/fixtures/reports (real lab
 records and records shaped by the package's own code), rendered, published atomically; every section present,
 each missing, a bad record, a record from another run, a failed engine at the top, escaping, no external
 reference, the markdown twin's numbers, the CLI."""
@@ -15,8 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet import gate, nccl_verdict, report, report_cli, report_svg
-from llmfleet import report_sections as rs
+from llmfleet.checks import nccl_verdict
+from llmfleet.engine import gate
+from llmfleet.report import build as report
+from llmfleet.report import cli as report_cli
+from llmfleet.report import sections as rs
+from llmfleet.report import svg as report_svg
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests/fixtures/reports"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import report
+from llmfleet.report import build as report
 from tests.unit.test_report import NOW, records
 
 CHROMIUM = shutil.which("chromium")

@@ -2,8 +2,8 @@
 `speculative` key, as tasks/0030-ready.yml writes it ({config, enabled}) plus `measured` when the engine's
 /metrics was read (specdecode.parse_metrics; the metric text is the constructed vLLM one of test_specdecode)."""
 
-from llmfleet import report_sections as rs
-from llmfleet import specdecode
+from llmfleet.engine import specdecode
+from llmfleet.report import sections as rs
 from tests.unit.test_specdecode import VLLM_METRICS
 
 EAGLE = {

@@ -161,7 +161,7 @@ def test_defaults_pass_their_own_spec(role):
 # Enumerated variables and the code that defines their values: the spec's choices must be exactly these.
 ENUMERATED = {
     ("nccl_check", "nccl_check_backend"): ["nccl", "gloo"],  # llmfleet_nccl_check's backend choices
-    ("nccl_check", "nccl_check_ops"): "llmfleet.nccl_check.OPS",
+    ("nccl_check", "nccl_check_ops"): "llmfleet.checks.nccl_check.OPS",
 }
 
 

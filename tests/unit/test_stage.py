@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from llmfleet import checkpoint, stage, store, transfer
-from llmfleet.manifest import build_manifest
+from llmfleet.stage import checkpoint, store, transfer
+from llmfleet.stage import staging as stage
+from llmfleet.stage.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
 
 REV = "1" * 40
@@ -257,7 +258,7 @@ SNAPSHOT = {"phase": "copying", "total_bytes": 4 * 2**30, "done_bytes": 2**30, "
 
 
 def test_progress_line_for_the_cli_and_for_the_playbook():
-    from llmfleet.stage_progress import progress_line
+    from llmfleet.stage.progress import progress_line
 
     assert progress_line(SNAPSHOT) == "[#######.......................]  25.0% 1.00/4.00 GiB 512 MiB/s copying"
     assert progress_line(SNAPSHOT, "node1") == (
@@ -299,7 +300,7 @@ def test_staging_modules_are_layered():
 
 
 def test_the_names_stage_exports_are_the_same_objects():
-    from llmfleet import stage_errors
+    from llmfleet.stage import errors as stage_errors
 
     assert stage.StageError is stage_errors.StageError and stage.DiskFullError is stage_errors.DiskFullError
     assert stage.LocalSource is transfer.LocalSource and stage.PeerSource is transfer.PeerSource

@@ -17,9 +17,10 @@ import threading
 
 import pytest
 
-from llmfleet import lease, manifest, stage, store, transfer
-from llmfleet.manifest import build_manifest
-from llmfleet.stage_errors import StageError
+from llmfleet.stage import lease, manifest, store, transfer
+from llmfleet.stage import staging as stage
+from llmfleet.stage.errors import StageError
+from llmfleet.stage.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
 
 REV = "1" * 40

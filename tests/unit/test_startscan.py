@@ -1,4 +1,4 @@
-"""llmfleet.startscan: every rule against a line rendered from the engine's own format string (vLLM 0.32.0 as
+"""llmfleet.engine.startscan: every rule against a line rendered from the engine's own format string (vLLM 0.32.0 as
 installed in .venv-vllm, SGLang 0.5.23 from the PyPI wheel; file cited in startscan.RULES beside each rule), no
 rule on the captured real vLLM CPU logs, and the libcuda.so preflight on the real `ldconfig -p` lines of the lent
 H200 machine (2026-12-01)."""
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import startscan as ss
+from llmfleet.engine import startscan as ss
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 V = "(Worker_TP0 pid=4242) WARNING 12-01 10:00:00 [x.py:1] "  # vLLM's line prefix, as in the captured logs

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from llmfleet import stage, store
-from llmfleet.manifest import build_manifest
+from llmfleet.stage import staging as stage
+from llmfleet.stage import store
+from llmfleet.stage.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
 
 REV, REV2, REV3 = "1" * 40, "2" * 40, "3" * 40

@@ -14,10 +14,11 @@ import time
 
 import pytest
 
-from llmfleet import lease as lease_module
-from llmfleet import stage, store, swarm
-from llmfleet.manifest import build_manifest
-from llmfleet.stage_errors import LeaseLostError, LockedError, StageError
+from llmfleet.stage import lease as lease_module
+from llmfleet.stage import staging as stage
+from llmfleet.stage import store, swarm
+from llmfleet.stage.errors import LeaseLostError, LockedError, StageError
+from llmfleet.stage.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
 
 REV = "a" * 40

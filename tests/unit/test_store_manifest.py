@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from llmfleet import manifest as mf
-from llmfleet.stage_errors import StageError
+from llmfleet.stage import manifest as mf
+from llmfleet.stage.errors import StageError
 from tests.helpers.ckpt import make_checkpoint
 
 SHARD = "model-00002-of-00003.safetensors"

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from llmfleet import checkpoint, stage, store
-from llmfleet.manifest import build_manifest
+from llmfleet.stage import checkpoint, store
+from llmfleet.stage import staging as stage
+from llmfleet.stage.manifest import build_manifest
 from tests.helpers.ckpt import make_checkpoint
 
 REV = "1" * 40
@@ -184,7 +185,7 @@ def test_repair_disk_check_says_what_the_repair_needs(tmp_path, src):
 
 
 def test_disk_full_during_a_repair_is_reported_truly(tmp_path, src, monkeypatch):
-    from llmfleet import transfer
+    from llmfleet.stage import transfer
 
     root = tmp_path / "nvme"
     rdir, _victim = published(root, src)

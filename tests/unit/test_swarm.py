@@ -9,8 +9,9 @@ import threading
 
 import pytest
 
-from llmfleet import checkpoint, peer, stage, store, swarm, transfer
-from llmfleet.manifest import build_manifest
+from llmfleet.stage import checkpoint, peer, store, swarm, transfer
+from llmfleet.stage import staging as stage
+from llmfleet.stage.manifest import build_manifest
 from tests.helpers import burst
 from tests.helpers.ckpt import make_checkpoint
 

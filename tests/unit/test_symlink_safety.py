@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import engine_node, safefs
-from llmfleet.manifest import obtain_manifest
+from llmfleet import safefs
+from llmfleet.engine import node as engine_node
 from llmfleet.safefs import UnsafePathError
-from llmfleet.stage_errors import StageError
-from llmfleet.stage_progress import Progress
+from llmfleet.stage.errors import StageError
+from llmfleet.stage.manifest import obtain_manifest
+from llmfleet.stage.progress import Progress
 
 ENGINE_UID = ENGINE_GID = 65534
 FP, OLD1, OLD2 = "d" * 16, "a" * 16, "b" * 16

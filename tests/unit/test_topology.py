@@ -2,7 +2,7 @@
 
 import pytest
 
-from llmfleet import topology
+from llmfleet.checks import topology
 from tests.helpers.fakesys import dgx_h100_ib, hgx_h20, single_gpu_vm
 
 RAILS_A = [f"10.10.{n}.11" for n in range(8)]

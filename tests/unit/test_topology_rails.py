@@ -4,7 +4,7 @@ discovery fail (issue 18)."""
 
 import pytest
 
-from llmfleet import topology
+from llmfleet.checks import topology
 from tests.helpers.fakesys import FakeSys, dgx_h100_ib, hgx_roce_lag, link_local_gids, roce_gids
 
 RAILS = [f"10.10.{n}.31" for n in range(8)]

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 import llmfleet
-from llmfleet import triage, triage_parse, triage_rules
-from llmfleet.triage_parse import Line, find_tracebacks, gpu_indices, kernel_events, parse_journal
+from llmfleet.oncall.triage import parse as triage_parse
+from llmfleet.oncall.triage import rules as triage_rules
+from llmfleet.oncall.triage import verdict as triage
+from llmfleet.oncall.triage.parse import Line, find_tracebacks, gpu_indices, kernel_events, parse_journal
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLES = ROOT / "tests" / "fixtures" / "bundles"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import llmfleet_engine_warmup as mod
-from llmfleet import warmup
+from llmfleet.accept import warmup
 from tests.helpers.fake_openai import FakeOpenAI
 from tests.unit.modules.util import fail, run, undocumented
 

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import engine, logobserver, wrapper
-from llmfleet.wrapper import PHASES, decide, oom_counter_file, pids_in_group, rank_of, rotate, unit_of
+from llmfleet.engine import command as engine
+from llmfleet.engine import logobserver
+from llmfleet.wrapper import run as wrapper
+from llmfleet.wrapper.run import PHASES, decide, oom_counter_file, pids_in_group, rank_of, rotate, unit_of
 
 PY = sys.executable
 WRAP = [PY, "-m", "llmfleet", "exec"]
@@ -943,23 +945,31 @@ def test_llmfleet_help_lists_exec(capsys):
 # Module layout
 
 
+PKG = Path(wrapper.__file__).resolve().parents[1]
+
+
 def _siblings(path):
-    """The package modules one file imports (`from .x import y`)."""
-    return {n.module for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom) and n.level == 1}
+    """The package modules one file imports (`from .x import y`, `from ..x import y`), dotted from the package root."""
+    here = path.resolve().relative_to(PKG).parent.parts
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.ImportFrom) and n.level >= 1:
+            base = here[: len(here) - (n.level - 1)]
+            out.add(".".join([*base, n.module]))
+    return out
 
 
 def test_the_wrapper_parts_stand_alone_and_wrapper_py_composes_them():
     pkg = Path(wrapper.__file__).parent
-    graph = {p.stem: _siblings(p) for p in [*pkg.glob("wrapper_*.py"), pkg / "logobserver.py"]}
-    parts = set(graph)
-    assert parts == {"logobserver", "wrapper_cgroup", "wrapper_link", "wrapper_notify", "wrapper_process", "wrapper_pump",
-                     "wrapper_record", "wrapper_secrets", "wrapper_health"}  # fmt: skip
-    assert graph.pop("wrapper_record") == {"logobserver", "wrapper_cgroup", "wrapper_process"}
-    assert graph.pop("wrapper_link") == {"fabric_key"}  # the deployment's key, shared with the staging peer server
-    assert graph.pop("wrapper_health") == {"gate"}  # the readiness gate's question and its judge, one copy
+    graph = {p.stem: _siblings(p) for p in pkg.glob("*.py") if p.stem not in ("__init__", "run")}
+    parts = {f"wrapper.{name}" for name in graph}
+    assert set(graph) == {"cgroup", "link", "notify", "process", "pump", "record", "secretfiles", "health"}
+    assert graph.pop("record") == {"engine.logobserver", "wrapper.cgroup", "wrapper.process"}
+    assert graph.pop("link") == {"fabric_key"}  # the deployment's key, shared with the staging peer server
+    assert graph.pop("health") == {"engine.gate"}  # the readiness gate's question and its judge, one copy
     assert all(imports == set() for imports in graph.values()), graph  # each part needs no other part
-    # and the metrics file it writes at the end, and the fabric key it checks
-    assert _siblings(pkg / "wrapper.py") == parts | {"metrics", "fabric_key", "gate"}
-    # The names wrapper.py always had stay importable from it (cli, gate and the tests import them there).
+    # and the metrics file it writes at the end, the fabric key it checks and the phases it reads
+    assert _siblings(pkg / "run.py") == parts | {"metrics", "fabric_key", "engine.gate", "engine.logobserver"}
+    # The names wrapper.run always had stay importable from it (cli, gate and the tests import them there).
     assert all(hasattr(wrapper, name) for name in wrapper.__all__)
     assert wrapper.PHASES is logobserver.PHASES and wrapper.LogObserver is logobserver.LogObserver

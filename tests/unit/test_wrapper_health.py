@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import wrapper_health
-from llmfleet.gate import DEFAULT_EXPECT, DEFAULT_PROMPT
-from llmfleet.wrapper import EXIT_UNHEALTHY, main
+from llmfleet.engine.gate import DEFAULT_EXPECT, DEFAULT_PROMPT
+from llmfleet.wrapper import health as wrapper_health
+from llmfleet.wrapper.run import EXIT_UNHEALTHY, main
 from tests.unit.test_wrapper import RUN_TIMEOUT, WRAP, clean_env, load, pyc
 
 SECRET = "hEaLtH-key-do-not-leak-0123"  # noqa: S105 (a fake credential the tests look for)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.wrapper_link import EXIT_PEER_FAILED, parse_addr
+from llmfleet.wrapper.link import EXIT_PEER_FAILED, parse_addr
 
 PY = sys.executable
 WRAP = [PY, "-m", "llmfleet", "exec"]

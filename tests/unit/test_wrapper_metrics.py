@@ -13,7 +13,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmfleet.metrics import engine_textfile_name
-from llmfleet.wrapper import unit_of
+from llmfleet.wrapper.run import unit_of
 
 PY = sys.executable
 WRAP = [PY, "-m", "llmfleet", "exec"]

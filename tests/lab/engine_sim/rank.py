@@ -233,10 +233,10 @@ class Rank:
     def load(self) -> int:  # noqa: PLR0912 (phases, faults and progress in load order)
         cfg, log = self.cfg, self.log
         try:
-            from llmfleet.checkpoint import HeaderError, parse_header
+            from llmfleet.stage.checkpoint import HeaderError, parse_header
         except ImportError:  # not installed in this interpreter: the checkout this package lives in
             sys.path.insert(0, str(REPO / "module_utils"))
-            from llmfleet.checkpoint import HeaderError, parse_header
+            from llmfleet.stage.checkpoint import HeaderError, parse_header
 
         t0 = time.monotonic()
         model = cfg["model"]

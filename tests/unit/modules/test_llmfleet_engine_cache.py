@@ -5,7 +5,7 @@ import os
 import pwd
 
 import pytest
-from ansible.module_utils.llmfleet.engine import PlanError, fingerprint
+from ansible.module_utils.llmfleet.engine.command import PlanError, fingerprint
 from ansible.module_utils.llmfleet.safefs import UnsafePathError
 
 import llmfleet_engine_cache as mod

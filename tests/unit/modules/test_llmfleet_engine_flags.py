@@ -4,8 +4,8 @@ played by a captured one)."""
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.llmfleet.engine import PlanError
-from ansible.module_utils.llmfleet.helpflags import unknown_flags
+from ansible.module_utils.llmfleet.engine.command import PlanError
+from ansible.module_utils.llmfleet.engine.helpflags import unknown_flags
 
 import llmfleet_engine_flags as mod
 from tests.unit.modules.util import Recorder, fail, run, undocumented

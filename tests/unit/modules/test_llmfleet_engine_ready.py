@@ -3,7 +3,7 @@
 from typing import ClassVar
 
 import pytest
-from ansible.module_utils.llmfleet.gate import DEFAULT_PROMPT, PrivilegeError
+from ansible.module_utils.llmfleet.engine.gate import DEFAULT_PROMPT, PrivilegeError
 
 import llmfleet_engine_ready as mod
 from tests.unit.modules.util import fail, job_result, run, undocumented

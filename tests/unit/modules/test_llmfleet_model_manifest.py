@@ -4,9 +4,9 @@ and manifest.build_manifest."""
 from typing import ClassVar
 
 import pytest
-from ansible.module_utils.llmfleet.lease import LeaseTimeout
-from ansible.module_utils.llmfleet.manifest import build_manifest as real_build_manifest
-from ansible.module_utils.llmfleet.stage_errors import StageError
+from ansible.module_utils.llmfleet.stage.errors import StageError
+from ansible.module_utils.llmfleet.stage.lease import LeaseTimeout
+from ansible.module_utils.llmfleet.stage.manifest import build_manifest as real_build_manifest
 
 import llmfleet_model_manifest as mod
 from tests.unit.modules.util import Recorder, fail, run, undocumented
@@ -168,7 +168,7 @@ def test_a_link_out_of_the_source_fails_the_task_by_name(fakes, monkeypatch, tmp
     """A source file linked to a root-only file elsewhere would be staged as root, world-readable, and
     served to peers: the task fails naming the link, where it points and the fix; allowing its directory
     (model_stage_source_allow_links_into) makes it part of the revision."""
-    from ansible.module_utils.llmfleet.manifest import obtain_manifest as real_obtain_manifest
+    from ansible.module_utils.llmfleet.stage.manifest import obtain_manifest as real_obtain_manifest
 
     from tests.helpers.ckpt import make_checkpoint
 

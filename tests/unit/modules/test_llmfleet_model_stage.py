@@ -4,11 +4,11 @@ mode: to stage.plan)."""
 import json
 
 import pytest
-from ansible.module_utils.llmfleet.lease import LeaseTimeout
-from ansible.module_utils.llmfleet.manifest import manifest_digest
-from ansible.module_utils.llmfleet.stage import StageRequest
-from ansible.module_utils.llmfleet.stage_errors import StageError
-from ansible.module_utils.llmfleet.swarm import SwarmConfig
+from ansible.module_utils.llmfleet.stage.errors import StageError
+from ansible.module_utils.llmfleet.stage.lease import LeaseTimeout
+from ansible.module_utils.llmfleet.stage.manifest import manifest_digest
+from ansible.module_utils.llmfleet.stage.staging import StageRequest
+from ansible.module_utils.llmfleet.stage.swarm import SwarmConfig
 
 import llmfleet_model_stage as mod
 from tests.unit.modules.util import Recorder, fail, job_result, run, undocumented

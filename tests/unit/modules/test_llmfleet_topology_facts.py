@@ -1,7 +1,7 @@
 """llmfleet_topology_facts: options -> topology.report; its result -> ansible_facts.llmfleet_topology."""
 
 import pytest
-from ansible.module_utils.llmfleet.topology import OverrideError, TopologyError
+from ansible.module_utils.llmfleet.checks.topology import OverrideError, TopologyError
 
 import llmfleet_topology_facts as mod
 from tests.unit.modules.util import Recorder, fail, run, undocumented

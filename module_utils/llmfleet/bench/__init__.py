@@ -1,0 +1,1 @@
+"""The serving benchmark with the engine's own tool (docs/bench-serving.md)."""

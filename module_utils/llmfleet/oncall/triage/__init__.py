@@ -1,0 +1,1 @@
+"""Triage of an incident bundle: the rules behind `llmfleet why`. Ops host only."""

@@ -1,0 +1,370 @@
+"""Copying a revision's files into a node's partial dir: from shared storage or from a peer,
+hashed as each chunk lands and verified against the manifest as each file lands, on a pool of
+copy threads under a shared rate limit. A local file is copied by the kernel (copy_file_range) and
+each chunk hashed from the destination's own pages; a peer's bytes are read, hashed and written.
+
+Where the files go and what is kept is the store's (store.py); which sources to try, in which
+order, is the caller's (stage.py, swarm.py).
+Stdlib only (runs inside an Ansible module on the node and in the CLI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import http.client
+import json
+import mmap
+import os
+import socket
+import stat
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO
+
+from .. import fabric_key, safefs
+from .errors import DiskFullError, LeaseLostError, LockedError, StageError
+from .manifest import open_source_file, source_bounds
+from .progress import Progress
+from .store import Journal, open_subdirs
+
+CHUNK = 16 * 1024 * 1024
+# copy_file_range chunk of a local copy (measured: 64 MiB; docs/staging.md "Where one node's time goes").
+FAST_CHUNK = 64 * 1024 * 1024
+# A cut-through fetch waits on the sender while its copy pauses; the sender ends it after peer.STALL_S.
+FOLLOW_TIMEOUT_S = 150.0
+# Errors that no other source can help with: every copy thread stops, the first one is raised.
+FATAL = (DiskFullError, LeaseLostError, LockedError)
+
+
+class RateLimit:
+    """Bytes per second shared by all copy threads of a node (0 = unlimited): protects shared
+    storage and the fabric from one staging run."""
+
+    def __init__(self, bytes_per_s: int) -> None:
+        self.rate = bytes_per_s
+        self.t0 = time.monotonic()
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        with self._lock:
+            self.sent += n
+            ahead = self.sent / self.rate - (time.monotonic() - self.t0)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+UNLIMITED = RateLimit(0)
+
+
+def copy_stream(
+    src: BinaryIO,
+    dst_path: str | int,
+    want: dict[str, Any],
+    progress: Progress | None,
+    *,
+    from_peer: bool | None,
+    limit: RateLimit = UNLIMITED,
+    check: Callable[[], None] | None = None,
+) -> str:
+    """Copy src to dst_path (or into an open fd, which is closed) hashing in the same pass; fsync; return
+    the sha256 hex. check() runs before every chunk read (a lost reader lease stops the copy between two
+    chunks)."""
+    h = hashlib.sha256()
+    n_total = 0
+    fd = dst_path if isinstance(dst_path, int) else os.open(dst_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fast = _copy_in_kernel(src, fd, h, want, progress, from_peer=from_peer, limit=limit, check=check)
+        n_total = fast if fast is not None else 0
+        buf = bytearray(CHUNK if fast is None else 0)
+        view = memoryview(buf)
+        while fast is None:
+            if check:
+                check()
+            n = src.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            written = 0
+            while written < n:
+                written += os.write(fd, view[written:n])
+            n_total += n
+            if progress:
+                progress.add(n, from_peer)
+            limit.take(n)
+            if n_total > want["size"]:
+                break  # longer than the manifest says: stop reading, fail below
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if n_total != want["size"]:
+        raise StageError(f"{want['path']}: got {n_total} bytes, manifest says {want['size']}")
+    return h.hexdigest()
+
+
+def _copy_in_kernel(
+    src: BinaryIO,
+    fd: int,
+    h: Any,
+    want: dict[str, Any],
+    progress: Progress | None,
+    *,
+    from_peer: bool | None,
+    limit: RateLimit,
+    check: Callable[[], None] | None,
+) -> int | None:
+    """The copy of a regular source file: copy_file_range (the kernel copies, no trip through Python's
+    buffers), then each chunk is hashed from the destination itself through a read-only mapping of the
+    pages just written (still in the page cache): what is hashed is what landed. Bytes copied; None
+    when the kernel cannot (another filesystem, an old kernel, a peer's socket): nothing was copied
+    then and the caller reads and writes."""
+    try:
+        sfd = src.fileno()
+        regular = stat.S_ISREG(os.fstat(sfd).st_mode) and hasattr(os, "copy_file_range")
+    except (AttributeError, OSError, ValueError):
+        return None
+    if not regular:
+        return None
+    n_total = 0
+    while True:
+        if check:
+            check()
+        try:
+            n = os.copy_file_range(sfd, fd, FAST_CHUNK)
+        except OSError as e:
+            if n_total == 0 and e.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF):
+                return None
+            raise
+        if not n:
+            return n_total
+        start = n_total - n_total % mmap.ALLOCATIONGRANULARITY  # a short copy leaves an unaligned offset
+        mm = mmap.mmap(fd, n_total + n - start, prot=mmap.PROT_READ, offset=start)
+        try:
+            with memoryview(mm) as v:
+                h.update(v[n_total - start :])  # hashlib releases the GIL on large updates
+        finally:
+            mm.close()
+        n_total += n
+        if progress:
+            progress.add(n, from_peer)
+        limit.take(n)
+        if n_total > want["size"]:
+            return n_total  # longer than the manifest says: stop, the caller fails it
+
+
+class LocalSource:
+    """Shared storage (a mounted directory). A file is opened only where the manifest step allows it
+    (manifest.open_source_file): a regular file within the source or a directory in allow_links_into,
+    re-checked after the open, so a link swapped in after the manifest was built is not followed out."""
+
+    from_peer = False
+
+    def __init__(self, directory: str, allow_links_into: tuple[str, ...] | list[str] = ()) -> None:
+        self.directory = directory
+        self.bounds = source_bounds(directory, allow_links_into)
+
+    def open(self, rel: str) -> BinaryIO:
+        return open(open_source_file(self.directory, rel, self.bounds), "rb", buffering=0)
+
+    def __str__(self) -> str:
+        return self.directory
+
+
+class LocalCopy(LocalSource):
+    """An intact file of this node's own published revision (a repair on a filesystem that refuses
+    hard links): neither shared storage (no reader lease, not counted as source bytes) nor a peer."""
+
+    from_peer = None
+
+
+class PeerSource:
+    """Another node's verified copy, over HTTP on the fabric network (never trusted: the
+    receiver hashes and compares with the manifest). follow=True also takes a copy the peer is
+    still writing, as it grows (cut-through: peer.py)."""
+
+    from_peer = True
+
+    def __init__(self, url: str, timeout: float = 30, *, follow: bool = False, key: bytes, me: str) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.follow = follow
+        self.key, self.me = key, me  # every request proves the deployment's fabric key as node `me` (peer.py)
+
+    def _get(self, target: str, timeout: float) -> Any:
+        proof = fabric_key.sign_request(self.key, self.me, "GET", target)
+        req = urllib.request.Request(self.url + target, headers={fabric_key.PEER_HEADER: proof})  # noqa: S310
+        return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310
+
+    def open(self, rel: str) -> BinaryIO:
+        q = "?follow=1" if self.follow else ""
+        return self._get(f"/files/{urllib.request.quote(rel)}{q}", self.timeout)
+
+    def following(self) -> PeerSource:
+        return PeerSource(self.url, max(self.timeout, FOLLOW_TIMEOUT_S), follow=True, key=self.key, me=self.me)
+
+    def status(self, seen: str = "", wait: float = 0.0) -> dict[str, Any]:
+        """The peer's status; with seen, once it differs from that signature or after wait seconds. The peer
+        learns who asks from the request's proof (it then knows that node has seen it done)."""
+        q = urllib.parse.urlencode({k: v for k, v in (("seen", seen), ("wait", f"{wait:g}")) if v})
+        with self._get(f"/status?{q}", 5 + wait) as r:
+            return json.loads(r.read())
+
+    def __str__(self) -> str:
+        return f"{self.url} (cut-through)" if self.follow else self.url
+
+
+def fetch_file(
+    source: Any,
+    rel: str,
+    partial: str,
+    want: dict[str, Any],
+    journal: Journal,
+    *,
+    progress: Progress | None = None,
+    limit: RateLimit = UNLIMITED,
+    check: Callable[[], None] | None = None,
+) -> None:
+    """Copy one file into the partial dir, verify it against the manifest, journal it. Every write goes
+    through the partial dir's fd (journal.dir_fd): directories and files created with O_NOFOLLOW, the
+    verified file renamed within its directory's fd."""
+    *subs, name = rel.split("/")
+    try:
+        dfd = open_subdirs(journal.dir_fd, subs, shown=partial, create=True)
+    except safefs.UnsafePathError as e:
+        raise StageError(f"{socket.gethostname()}: {e}") from None
+    try:
+        _fetch_at(source, rel, partial, want, journal, dfd=dfd, name=name, progress=progress, limit=limit, check=check)
+    finally:
+        if dfd != journal.dir_fd:
+            os.close(dfd)
+
+
+def _fetch_at(
+    source: Any,
+    rel: str,
+    partial: str,
+    want: dict[str, Any],
+    journal: Journal,
+    *,
+    dfd: int,
+    name: str,
+    progress: Progress | None,
+    limit: RateLimit,
+    check: Callable[[], None] | None,
+) -> None:
+    tmp = name + ".llmfleet-part"
+    try:
+        got = _copy_into(source, rel, dfd, tmp, want, progress=progress, limit=limit, check=check)
+    except (OSError, http.client.HTTPException) as e:
+        # HTTPException: a peer that closed before the whole file (it died, or the copy it was
+        # passing on cut-through failed) is one more source that failed, not the end of the run.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)  # on ENOSPC this frees the space the failed copy took
+        if getattr(e, "errno", None) == errno.ENOSPC:
+            raise DiskFullError(
+                f"{socket.gethostname()}: disk full while copying {rel} into {partial}: nothing published changed "
+                "(published revisions and `current` are as before) and the failed file was removed; free space "
+                f"on {os.path.dirname(partial)} and rerun: the files verified so far are kept"
+            ) from None
+        raise StageError(f"{rel}: cannot copy from {source}: {e}") from None
+    except StageError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+    if got != want["sha256"]:
+        os.unlink(tmp, dir_fd=dfd)
+        raise StageError(
+            f"{rel}: sha256 {got[:12]}… from {source} does not match the manifest ({want['sha256'][:12]}…): "
+            "the source copy is damaged or the manifest is from another revision"
+        )
+    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    mtime_ns = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime_ns
+    journal.add({"path": rel, "size": want["size"], "sha256": got, "mtime_ns": mtime_ns})
+
+
+def _copy_into(
+    source: Any,
+    rel: str,
+    dfd: int,
+    tmp: str,
+    want: dict[str, Any],
+    *,
+    progress: Progress | None,
+    limit: RateLimit,
+    check: Callable[[], None] | None,
+) -> str:
+    with source.open(rel) as src:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dfd)  # a leftover of a killed run: a new file, never one linked elsewhere
+        # Read-write: the copy is hashed from its own pages (_copy_in_kernel).
+        fd = os.open(tmp, safefs.O_NEW_FILE & ~os.O_WRONLY | os.O_RDWR, 0o644, dir_fd=dfd)
+        return copy_stream(src, fd, want, progress, from_peer=source.from_peer, limit=limit, check=check)
+
+
+def copy_all(
+    todo: list[dict[str, Any]],
+    partial: str,
+    journal: Journal,
+    progress: Progress,
+    threads: int,
+    *,
+    sources: Callable[[str], Iterable[Any]],
+    on_source_phase: Callable[[], Any] | None,
+    limit: RateLimit,
+    check: Callable[[], None] | None = None,
+) -> None:
+    """Fetch every file of todo, trying sources(rel) in order (a StageError moves on to the next
+    source); on_source_phase() is entered around every read from shared storage, and check() runs
+    before each file and chunk read there. A full disk or a lost lease (FATAL) is not retried
+    elsewhere: every thread stops and that error is raised. Otherwise raises one StageError joining
+    the errors of the files that failed."""
+    errors: list[str] = []
+    fatal: list[StageError] = []
+    stop = threading.Event()
+
+    def fetch(src: Any, want: dict[str, Any]) -> None:
+        if src.from_peer is False and on_source_phase:
+            with on_source_phase():
+                if check:
+                    check()
+                fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit, check=check)
+        else:
+            fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit)
+
+    def one(want: dict[str, Any]) -> None:
+        if stop.is_set():
+            return  # a fatal error elsewhere: start nothing new
+        last = None
+        for src in sources(want["path"]):
+            try:
+                fetch(src, want)
+                return
+            except FATAL:
+                stop.set()
+                raise
+            except StageError as e:
+                last = e
+        raise last or StageError(f"{want['path']}: no source to copy from")
+
+    # Largest first: the long copies start early and the tail is short.
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:
+        futs = [ex.submit(one, w) for w in sorted(todo, key=lambda e: -e["size"])]
+        for f in futs:
+            try:
+                f.result()
+            except FATAL as e:
+                fatal.append(e)
+            except StageError as e:
+                errors.append(str(e))
+    if fatal:
+        raise fatal[0]
+    if errors:
+        raise StageError("; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
