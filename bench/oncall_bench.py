@@ -7,7 +7,7 @@ reads its state, records and processes as it would an engine's). The operator is
 every lab test. Every `llmfleet status` run is a cold one (the CLI keeps no connections between runs);
 `--runs` runs per size, medians. Runs on its own lab (name "bench", subnet 10.79.0).
 
-    .venv/bin/python bench/oncall_bench.py [--nodes 2 4 8 16] [--runs 3] [--out docs/bench-oncall.md]
+    .venv/bin/python bench/oncall_bench.py [--nodes 2 4 8 16] [--runs 3] [--out docs/measurements/bench-oncall.md]
 """
 
 from __future__ import annotations

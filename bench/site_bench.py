@@ -8,7 +8,7 @@ Overhead = every other task, plus ansible-playbook's start-up and parsing (its w
 A wait's own polling is counted as work, so the overhead share is a lower bound. Uses the default lab (fresh
 nodes), the demo checkpoint and ansible.cfg as an operator would (no test-suite caches).
 
-    .venv/bin/python bench/site_bench.py [--out docs/bench-site.md]
+    .venv/bin/python bench/site_bench.py [--out docs/measurements/bench-site.md]
 """
 
 from __future__ import annotations

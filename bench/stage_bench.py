@@ -11,7 +11,7 @@
    and total time of both.
 
     .venv/bin/python bench/stage_bench.py [--gb 8] [--threads 4] [--repeat 1] [--nodes 4] [--fleet-gb 1]
-        [--skip single restage fleet] [--out docs/bench-stage.md]
+        [--skip single restage fleet] [--out docs/measurements/bench-stage.md]
 
 Page cache is dropped before every copy (root only) so each starts from a cold source.
 """

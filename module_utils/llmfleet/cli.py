@@ -330,7 +330,7 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 # Subcommands whose module brings its own arguments and runner (add_arguments, run).
 PLUGGED = (
     ("accept", accept, "the API acceptance gate against a running endpoint (docs/acceptance.md)"),
-    ("bench", servebench, "serving benchmark of an endpoint with the engine's own tool (docs/bench-serving.md)"),
+    ("bench", servebench, "serving benchmark of an endpoint with the engine's own tool (docs/measurements/bench-serving.md)"),
     ("warmup", warmup, "warm a ready endpoint over an input-length x concurrency matrix, timed (docs/warmup.md)"),
     ("specdecode", specdecode, "speculative decoding's acceptance from an engine's /metrics, and whether it pays"),
     ("precompile", precompile, "run a kernel precompile once per fingerprint (the unit's ExecStartPre; a stamp file)"),

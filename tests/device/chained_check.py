@@ -2,7 +2,7 @@
 NCCL's socket transport, as the cross-node path runs there), each a single-node world of one rank and then
 its rank of a two-rank world forked from the same import of torch. Every op and size exact, the deadline
 agreed from both nodes' phase-1 walls, a corrupt rank of the second world named, and a rank whose head gives no TCP
-answer named after --unreachable-after (docs/device-runs/*chained*).
+answer named after --unreachable-after (docs/measurements/device-runs/*chained*).
 
     python3 tests/device/chained_check.py      (on the device machine; OUT=dir keeps chained.json)
 """

@@ -1,5 +1,5 @@
 """The NCCL check's launcher on a GPU: run_node_ranks (one import of torch per NUMA node, ranks forked from it),
-bound and unbound, every op and size exact, and an injected transit fault caught (docs/device-runs/*fork-launcher*).
+bound and unbound, every op and size exact, and an injected transit fault caught (docs/measurements/device-runs/*fork-launcher*).
 
     python3 tests/device/fork_launcher_check.py      (on the device machine; OUT=dir keeps fork.json)
 """

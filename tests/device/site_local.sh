@@ -10,7 +10,7 @@
 # Only on a throwaway machine, as root: like a site, it creates the llmfleet account and writes /etc/llmfleet,
 # /opt/llmfleet, /usr/local/bin/llmfleet, /var/lib/llmfleet and /var/tmp/llmfleet-device (removed first).
 # Carried (git-ignored): .whl/ with ansible-core 2.19 and the dependencies the machine lacks (resolvelib,
-# cryptography, cffi, pycparser; docs/device-runs/2026-12-04-h200x1-site/README.md has the download command).
+# cryptography, cffi, pycparser; docs/measurements/device-runs/2026-12-04-h200x1-site/README.md has the download command).
 # Exits 0 only when every step did what it must; OUTDIR gets the logs, the captured raw outputs and the reports.
 set -uo pipefail
 out=${1:?usage: site_local.sh OUTDIR}

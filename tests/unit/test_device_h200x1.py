@@ -1,5 +1,5 @@
 """What the roles met on the lent one-GPU H200 machine (tests/device/site_local.sh,
-docs/device-runs/2026-12-04-h200x1-site): outputs captured there (tests/fixtures/device-h200x1/) read by the
+docs/measurements/device-runs/2026-12-04-h200x1-site): outputs captured there (tests/fixtures/device-h200x1/) read by the
 same code, and the host without systemd the roles ran on."""
 
 from __future__ import annotations

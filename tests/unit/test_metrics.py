@@ -1,5 +1,5 @@
 """llmfleet.metrics: the exposition format (parsed back with prometheus_client's own parser), the atomic
-write, and every builder on real records (reports/, tests/fixtures/, docs/device-runs/)."""
+write, and every builder on real records (reports/, tests/fixtures/, docs/measurements/device-runs/)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from llmfleet.metrics import Family, family, render
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
-DEVICE = ROOT / "docs" / "device-runs" / "2026-11-29-h200x2-nccl-check"
+DEVICE = ROOT / "docs" / "measurements" / "device-runs" / "2026-11-29-h200x2-nccl-check"
 REV = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed"
 
 

@@ -235,7 +235,7 @@ def test_cli_on_a_fake_tree(tmp_path):
 
 
 def test_parse_recorded_h200x2_topo():
-    """Recorded on the lent 2x H200 machine (docs/device-runs/2026-11-29-h200x2-topology)."""
+    """Recorded on the lent 2x H200 machine (docs/measurements/device-runs/2026-11-29-h200x2-topology)."""
     from pathlib import Path
 
     text = (Path(__file__).parent / "fixtures/nvidia-smi-topo-h200x2.txt").read_text()

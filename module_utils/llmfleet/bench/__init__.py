@@ -1,1 +1,1 @@
-"""The serving benchmark with the engine's own tool (docs/bench-serving.md)."""
+"""The serving benchmark with the engine's own tool (docs/measurements/bench-serving.md)."""

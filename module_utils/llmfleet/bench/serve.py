@@ -2,7 +2,7 @@
 
 llmfleet writes no load generator: each measurement is one run of `vllm bench serve` (vLLM) or
 `python -m sglang.bench_serving` (SGLang) as a subprocess, and this module builds the command lines,
-runs a matrix of cases, reads the tools' result files and aggregates them (docs/bench-serving.md).
+runs a matrix of cases, reads the tools' result files and aggregates them (docs/measurements/bench-serving.md).
 
 Method, the same for every case (input length I, output length O, concurrency C):
   - random token ids, no dataset download (offline clusters): vLLM `--dataset-name random

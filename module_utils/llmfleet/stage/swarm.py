@@ -52,7 +52,7 @@ def lease_check(lease: Any, where: str) -> Callable[[], None] | None:
 
 # Every node passes a file on to at most this many others (a binary tree per file). 1 (a chain per file, the
 # seed sending each file once) was measured slower: same wall time at 4 nodes, 1.5x at 8 (the depth adds up per
-# file); docs/device-runs/2026-12-03-h200x1-stage-fanout-pinned.
+# file); docs/measurements/device-runs/2026-12-03-h200x1-stage-fanout-pinned.
 RELAY_FANOUT = 2
 
 
