@@ -61,13 +61,13 @@ options:
     required: true
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports the fingerprint and which directories would be created, chowned or removed.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: none
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

@@ -50,15 +50,10 @@ options:
   engine_python:
     description: The engine's Python, checked with I(engine_user).
     type: path
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
-    details: It only reads.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
-    support: none
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 """
 
 EXAMPLES = r"""

@@ -139,27 +139,20 @@ options:
         it in a private directory; it is written as C(<path>.tmp) and renamed. With I(detach) and no path, the
         job's own, beside its job file in the private job directory (returned as C(progress_path); the wait removes it).
     type: path
-  detach:
-    description:
-      - Return at once with a job id (C(ansible_job_id), C(results_file), C(progress_path)) for M(llmfleet_job_wait);
-        the gate runs in a detached process whose job file then holds this module's result - what
-        C(async)/C(poll=0) does, without async's start-up (a temporary directory, two file copies, one more module
-        run). Check mode never detaches.
-    type: bool
-    default: false
   job_timeout:
     description: With I(detach), the job is killed after this many seconds, as an async task's limit would kill it.
     type: int
     default: 21600
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: partial
     details: In check mode nothing is polled or stopped; the module returns C(ready=false) and C(skipped_in_check_mode=true).
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: none
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_job
 """
 
 EXAMPLES = r"""
@@ -173,8 +166,26 @@ EXAMPLES = r"""
     record_file: /var/lib/llmfleet/engine/qwen/termination.json
     api_base: http://10.0.0.11:30000
     model: qwen
+    detach: true
   delegate_to: localhost
+  become: false
   run_once: true
+  register: _gate_job
+  changed_when: false
+
+- name: Wait for the readiness gate, showing each node's start
+  llmfleet_job_wait:
+    jid: "{{ _gate_job.ansible_job_id }}"
+    results_file: "{{ _gate_job.results_file }}"
+    what: engine readiness gate
+    progress_path: "{{ _gate_job.progress_path }}"
+    progress: gate
+    # The gate ends itself at its deadline (3600 s by default), then stops the deployment (300 s at most).
+    timeout: 4020
+  delegate_to: localhost
+  become: false
+  run_once: true
+  register: _gate
 
 - name: P/D readiness gate through the router, with the KV transfer proven
   llmfleet_engine_ready:
@@ -190,8 +201,12 @@ EXAMPLES = r"""
       record_file: /var/lib/llmfleet/engine/glm/router-termination.json
     api_base: http://10.0.0.11:30000
     model: glm
+    detach: true
   delegate_to: localhost
+  become: false
   run_once: true
+  register: _pd_gate_job
+  changed_when: false
 """
 
 RETURN = r"""

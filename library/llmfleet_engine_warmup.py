@@ -69,13 +69,13 @@ options:
     default: true
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: partial
     details: In check mode nothing is sent; the module returns C(skipped_in_check_mode=true) and the C(planned) cells.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: none
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

@@ -65,6 +65,8 @@ attributes:
     description: The old and new content of every file that changes (would change).
     support: full
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

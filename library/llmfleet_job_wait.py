@@ -67,24 +67,19 @@ options:
     type: str
     default: ""
 attributes:
-  action:
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
-    support: full
-  async:
-    description: Supports being used with the C(async) keyword.
-    support: none
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Only reads the job's status and progress file; the async status file is removed once the job has finished.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: none
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_action
 """
 
 EXAMPLES = r"""
-- name: Start staging on every node
+- name: Start staging on every node (returns at once; the copy runs detached)
   llmfleet_model_stage:
     source: /mnt/shared/models--Qwen--Qwen3.8
     manifest_path: /mnt/shared/.llmfleet/manifests/qwen3.8/d2dc35658bcf77e66643428cb52e774cc3b5bd29.json
@@ -93,16 +88,19 @@ EXAMPLES = r"""
     lease_dir: /mnt/shared/.llmfleet/leases
     me: "{{ inventory_hostname }}"
     progress_path: /var/lib/llmfleet/stage-progress.json
-  async: 21600
-  poll: 0
+    detach: true
+    job_timeout: 21600
   register: _stage_job
+  changed_when: false
 
 - name: Wait for staging, showing progress
   llmfleet_job_wait:
     jid: "{{ _stage_job.ansible_job_id }}"
+    results_file: "{{ _stage_job.results_file }}"
     what: staging
     progress_path: /var/lib/llmfleet/stage-progress.json
     progress: stage
+    timeout: 21600
   register: _stage_result
 """
 

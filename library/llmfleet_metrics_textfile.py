@@ -61,14 +61,14 @@ options:
     default: false
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Builds the file and compares it with the one there; writes nothing and creates no directory.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: full
     details: The old and the new file content.
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

@@ -71,15 +71,15 @@ options:
     type: str
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: >-
       Never reads file contents (so only sizes and mtimes are checked); reports C(origin='would build') with sizes from
       C(stat) when no manifest exists yet.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: none
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

@@ -154,13 +154,6 @@ options:
   progress_path:
     description: JSON progress file written while copying (read by M(llmfleet_job_wait)).
     type: path
-  detach:
-    description:
-      - After the checks and the plan, return at once with an async job id (C(ansible_job_id), C(results_file)) for
-        M(llmfleet_job_wait); the staging runs in a detached process whose job file then holds this module's result -
-        what C(async)/C(poll=0) does, in one round trip per node instead of six. Check mode never detaches.
-    type: bool
-    default: false
   job_timeout:
     description: With I(detach), the job is killed after this many seconds, as an async task's limit would kill it.
     type: int
@@ -171,17 +164,18 @@ options:
     default: 0
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports the state and the files and bytes that would be copied; touches nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: none
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_job
 """
 
 EXAMPLES = r"""
-- name: Stage the revision
+- name: Start staging on every node (returns at once; the copy runs detached)
   llmfleet_model_stage:
     source: /mnt/shared/models--Qwen--Qwen3.8
     manifest_path: /mnt/shared/.llmfleet/manifests/qwen3.8/d2dc35658bcf77e66643428cb52e774cc3b5bd29.json
@@ -190,9 +184,10 @@ EXAMPLES = r"""
     lease_dir: /mnt/shared/.llmfleet/leases
     me: "{{ inventory_hostname }}"
     progress_path: /var/lib/llmfleet/stage-progress.json
-  async: 21600
-  poll: 0
+    detach: true
+    job_timeout: 21600
   register: _stage_job
+  changed_when: false
 """
 
 RETURN = r"""

@@ -120,13 +120,6 @@ options:
     type: list
     elements: raw
     default: []
-  detach:
-    description:
-      - Return at once with an async job id (C(ansible_job_id), C(results_file)) for M(llmfleet_job_wait), the
-        ranks running in a detached process whose job file then holds this module's result - what C(async)/C(poll=0)
-        does, in one round trip per node instead of six.
-    type: bool
-    default: false
   then:
     description:
       - This node's ranks of a second world, started as soon as this node's ranks of the first have ended, from
@@ -180,18 +173,19 @@ options:
         default: {}
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: partial
     details: In check mode no rank is started; the module returns C(ranks=[]), C(ok=true) and C(skipped_in_check_mode=true).
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: none
     details: Changes nothing.
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_job
 """
 
 EXAMPLES = r"""
-- name: Ranks of the full world
+- name: Start this node's ranks of the full world (returns at once; the ranks run detached)
   llmfleet_nccl_check:
     python: /opt/engine/bin/python
     world: 32
@@ -199,8 +193,18 @@ EXAMPLES = r"""
     port: 29600
     ranks: [[0, 0], [1, 1]]
     backend: nccl
-  async: 600
-  poll: 0
+    detach: true
+  register: _nccl_job
+  changed_when: false
+
+- name: Wait for the world's verdict
+  llmfleet_job_wait:
+    jid: "{{ _nccl_job.ansible_job_id }}"
+    results_file: "{{ _nccl_job.results_file }}"
+    what: the full NCCL world
+    # The job ends itself at its deadline (120 s by default); this only bounds the wait.
+    timeout: 180
+  register: _nccl
 """
 
 RETURN = r"""

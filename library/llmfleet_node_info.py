@@ -21,16 +21,10 @@ options:
     description: Shared-storage mount point (model source).
     type: path
     default: /mnt/shared
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
-    support: none
-    details: Changes nothing.
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 """
 
 EXAMPLES = r"""

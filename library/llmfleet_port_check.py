@@ -45,16 +45,13 @@ options:
     type: path
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
     details:
       - Runs the same in check mode; it changes no managed state. C(mode=listen) still binds the ports for
         I(duration) and writes and removes I(ready_file).
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
-    support: none
-    details: Changes nothing.
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 """
 
 EXAMPLES = r"""

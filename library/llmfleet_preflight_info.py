@@ -47,16 +47,10 @@ options:
   clock_source:
     description: A file holding C(chronyc tracking) / C(timedatectl timesync-status) output to use instead of running them.
     type: path
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
-    support: none
-    details: Changes nothing.
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 """
 
 EXAMPLES = r"""

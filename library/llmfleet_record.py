@@ -38,20 +38,15 @@ options:
     type: raw
     default: "0644"
 attributes:
-  action:
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
-    support: full
-  async:
-    description: Supports being used with the C(async) keyword.
-    support: none
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Says whether the record would change and writes nothing (tasks that keep their record in check mode set C(check_mode=false)).
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
     support: none
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_action
 """
 
 EXAMPLES = r"""

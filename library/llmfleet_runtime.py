@@ -56,6 +56,8 @@ attributes:
     description: No diff.
     support: none
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

@@ -45,19 +45,14 @@ options:
         are now, so the role skips writing what is already as it must be (without following a symlink).
     type: path
 attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in --diff mode).
-    support: none
-    details: Changes nothing.
   facts:
     description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
     details: Sets C(ansible_facts.llmfleet_topology).
 author: llmfleet developers
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 """
 
 EXAMPLES = r"""
