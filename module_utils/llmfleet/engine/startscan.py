@@ -28,7 +28,7 @@ class Rule(NamedTuple):
 _MOE_COST = (
     "the fused-MoE kernel runs with a generic tile config instead of one tuned for this GPU and shape; measured "
     "elsewhere: from no end-to-end change (vLLM PR 52192, +3.5 % kernel geomean) to 1.37-1.74x kernel time and "
-    "+23 % end-to-end prefill throughput (SGLang issue 32806, H200) and up to 1.93x kernel time (vLLM PR 54500, "
+    "+23 % end-to-end prefill throughput (SGLang #32806, H200) and up to 1.93x kernel time (vLLM PR 54500, "
     "H20 FP8); this tool does not measure it on your GPU"
 )
 
