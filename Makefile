@@ -52,9 +52,9 @@ install: $(VENV)/.installed system-deps
 # The lab nodes run the host's sshd binary (each in its own namespaces); tests block ports with
 # iptables inside a node's netns; the staging benchmark compares with rsync.
 # The lab's operator account `ops` becomes root with sudo, like a real site. The deployment report's
-# test opens the HTML page in a real headless browser.
+# test opens the HTML page in a real headless browser. promtool (Debian's prometheus) tests contrib/prometheus.
 SYSTEM_DEPS := /usr/sbin/sshd:openssh-server /usr/sbin/iptables:iptables /usr/bin/rsync:rsync /usr/bin/sudo:sudo \
-	/usr/bin/chromium:chromium
+	/usr/bin/chromium:chromium /usr/bin/promtool:prometheus
 system-deps:
 	@missing=""; for d in $(SYSTEM_DEPS); do test -x "$${d%%:*}" || missing="$$missing $${d##*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
