@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 INDEX = DOCS / "README.md"
 
-# "Session 19", "issue #36", "issues 12", "this session": words that name the project's own history, not the product.
+# A work session or a tracker item by number ("<session> 19", "<issue> #36"), or "this <session>": words that name the
+# project's own history, not the product.
 DIARY = re.compile(r"\b(?:sessions?|issues?)\s*#?\s*\d+|\bthis\s+session\b", re.I)
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
@@ -50,10 +51,11 @@ def test_no_tracked_file_names_a_session_or_an_issue():
 
 @pytest.mark.parametrize(
     "line",
-    ["Until Session 17 this ran", "see issue #36", "issue 13, groundwork", "new this session", "(issues 12 and 13)"],
+    ["Until {S} 17 this ran", "see {i} #36", "{i} 13, groundwork", "new this {s}", "({i}s 12 and 13)", "{I}#5"],
 )
 def test_the_diary_pattern_catches_the_forms_seen(line):
-    assert diary_lines(line)
+    # Spelt with placeholders so that this file does not hold the words it forbids.
+    assert diary_lines(line.format(S="Session", s="session", i="issue", I="Issue"))
 
 
 @pytest.mark.parametrize("line", ["MaxSessions 200", "an SSH session per node", "the issue is the clock", "tissue 5"])
