@@ -14,6 +14,9 @@ description:
   - Creates I(cache_root)/<fingerprint> owned by I(owner):I(group) and removes older fingerprint directories
     beyond I(keep) unless a running process has them open. Directories are opened without following
     symlinks; a planted link fails the task.
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_no_diff
 options:
   engine_python:
     description:
@@ -63,11 +66,7 @@ attributes:
   check_mode:
     support: full
     details: Reports the fingerprint and which directories would be created, chowned or removed.
-  diff_mode:
-    support: none
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

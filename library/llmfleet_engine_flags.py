@@ -15,6 +15,9 @@ description:
     (C(--tp)); an ambiguous prefix (C(--enable-metric) where C(--enable-metrics) and
     C(--enable-metrics-for-all-schedulers) exist) is refused, as the engine refuses it.
   - Changes nothing but its help cache (I(cache_dir)).
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 options:
   command:
     description: The engine command, e.g. C([sglang, serve]); the first I(command) words of I(argv) are not flags.
@@ -62,9 +65,6 @@ attributes:
   check_mode:
     details: Runs the engine's help in check mode too; reads the help cache then, never writes it.
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_read_only
 """
 
 EXAMPLES = r"""

@@ -14,6 +14,9 @@ description:
   - One module call instead of a stat, find or slurp task each (the engine role ran ten of them on every node
     and every converge).
   - Files are opened without following a final symlink; the claims and credentials directories are root's.
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 options:
   model_path:
     description: The model path the units name (C(current) or a revision directory); links are resolved.
@@ -51,9 +54,6 @@ options:
     description: The engine's Python, checked with I(engine_user).
     type: path
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_read_only
 """
 
 EXAMPLES = r"""

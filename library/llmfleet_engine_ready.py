@@ -23,6 +23,10 @@ description:
   - Never asks SGLang workers' C(/health) (a dummy that always answers 200).
   - Runs on the ops host (C(delegate_to=localhost), C(become=false)); on the nodes its scripts run as root,
     directly or through C(sudo -n) when the SSH user is not root (passwordless sudo is required then).
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_job
+  - llmfleet_no_diff
 options:
   nodes:
     description: The nodes of one deployment (with I(router), every P/D instance); node rank 0 (the head) must be among them.
@@ -147,12 +151,7 @@ attributes:
   check_mode:
     support: partial
     details: In check mode nothing is polled or stopped; the module returns C(ready=false) and C(skipped_in_check_mode=true).
-  diff_mode:
-    support: none
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_job
 """
 
 EXAMPLES = r"""

@@ -23,6 +23,9 @@ description:
   - Meant to run on the head node against the engine's local endpoint (the role's C(node_url)), after
     M(llmfleet_engine_ready); stdlib only. See docs/warmup.md.
   - C(changed) is always false - nothing the role manages changes (only the engine's in-memory caches).
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_no_diff
 options:
   api_base:
     description: The API root as this host reaches it, e.g. C(http://127.0.0.1:8000) (a trailing C(/v1) is fine).
@@ -71,11 +74,7 @@ attributes:
   check_mode:
     support: partial
     details: In check mode nothing is sent; the module returns C(skipped_in_check_mode=true) and the C(planned) cells.
-  diff_mode:
-    support: none
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

@@ -16,6 +16,8 @@ description:
     there is replaced by the file, its target untouched).
   - Not for secrets (the content is a module argument and appears in a diff); credentials have tasks of their own
     with C(no_log).
+extends_documentation_fragment:
+  - llmfleet_check_mode
 options:
   directories:
     description: Directories to create (with their parents) in this order, and the owner, group and mode to give them.
@@ -65,8 +67,6 @@ attributes:
     description: The old and new content of every file that changes (would change).
     support: full
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

@@ -24,6 +24,10 @@ description:
   - Fails after I(timeout) seconds naming the last progress; the job itself goes on on the node until its
     async limit.
   - An action plugin (C(action_plugins/llmfleet_job_wait.py)); this module file only documents it.
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_action
+  - llmfleet_no_diff
 options:
   jid:
     description: The async job id (C(ansible_job_id) of the job task's registered result).
@@ -70,29 +74,11 @@ attributes:
   check_mode:
     support: full
     details: Only reads the job's status and progress file; the async status file is removed once the job has finished.
-  diff_mode:
-    support: none
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_action
 """
 
 EXAMPLES = r"""
-- name: Start staging on every node (returns at once; the copy runs detached)
-  llmfleet_model_stage:
-    source: /mnt/shared/models--Qwen--Qwen3.8
-    manifest_path: /mnt/shared/.llmfleet/manifests/qwen3.8/d2dc35658bcf77e66643428cb52e774cc3b5bd29.json
-    model: qwen3.8
-    revision: d2dc35658bcf77e66643428cb52e774cc3b5bd29
-    lease_dir: /mnt/shared/.llmfleet/leases
-    me: "{{ inventory_hostname }}"
-    progress_path: /var/lib/llmfleet/stage-progress.json
-    detach: true
-    job_timeout: 21600
-  register: _stage_job
-  changed_when: false
-
+# _stage_job: what llmfleet_model_stage with detach=true registered (its EXAMPLES start it).
 - name: Wait for staging, showing progress
   llmfleet_job_wait:
     jid: "{{ _stage_job.ansible_job_id }}"

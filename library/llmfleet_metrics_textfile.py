@@ -17,6 +17,8 @@ description:
     so that a rerun that changed nothing writes the same file; measurements (collective check, acceptance, bench)
     differ on every run.
   - Refuses a target that is a symlink or not a regular file, and a missing I(directory) unless I(create).
+extends_documentation_fragment:
+  - llmfleet_check_mode
 options:
   directory:
     description:
@@ -67,8 +69,6 @@ attributes:
     support: full
     details: The old and the new file content.
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

@@ -21,26 +21,17 @@ description:
     (C(SHA256SUMS), C(SHA256SUMS.txt), C(sha256sums.txt), C(checksums.sha256)). A cached or shipped manifest
     is also checked by re-hashing the source's small files (up to 16 MiB).
   - With I(expected_sha256) (the operator's pin), the manifest must have that digest.
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_no_diff
+  - llmfleet_model_source
 options:
   source:
     description: Model directory on shared storage.
     type: path
     required: true
-  source_allow_links_into:
-    description:
-      - Directories outside I(source) that a link in the source may point into. A link whose target leaves the source and
-        these directories is refused (the task fails naming the link and where it points), as is anything but a regular file
-        (a FIFO, socket or device), since staging copies as root, leaves the files readable by every user and serves
-        them to peers. Links within the source always work (a hub-cache snapshot's links into C(../../blobs)).
-    type: list
-    elements: path
-    default: []
   model:
     description: Model name (directory name under the staging root).
-    type: str
-    required: true
-  revision:
-    description: 40-hex commit of the revision.
     type: str
     required: true
   cache_dir:
@@ -51,10 +42,6 @@ options:
     description: Writable directory on the shared storage for reader leases.
     type: path
     required: true
-  max_source_readers:
-    description: Fleet-wide cap of nodes reading shared storage at once (>= 1).
-    type: int
-    default: 2
   lease_timeout:
     description: Seconds to wait for a reader slot (>= 0).
     type: float
@@ -75,11 +62,7 @@ attributes:
     details: >-
       Never reads file contents (so only sizes and mtimes are checked); reports C(origin='would build') with sizes from
       C(stat) when no manifest exists yet.
-  diff_mode:
-    support: none
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

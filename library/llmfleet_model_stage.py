@@ -23,20 +23,16 @@ description:
   - Old revisions beyond I(keep) and abandoned partial directories are removed; never C(current), the revision
     just staged, one an installed engine unit names (I(unit_glob)) or one a process uses (open files,
     mappings, cwd, argv or environment). Writes progress JSON to I(progress_path) while running.
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_job
+  - llmfleet_no_diff
+  - llmfleet_model_source
 options:
   source:
     description: Directory of the revision on shared storage (resolved like M(llmfleet_model_manifest)).
     type: path
     required: true
-  source_allow_links_into:
-    description:
-      - Directories outside I(source) that a link in the source may point into. A link whose target leaves the source and
-        these directories is refused (the task fails naming the link and where it points), as is anything but a regular file
-        (a FIFO, socket or device), since staging copies as root, leaves the files readable by every user and serves
-        them to peers. Links within the source always work (a hub-cache snapshot's links into C(../../blobs)).
-    type: list
-    elements: path
-    default: []
   manifest_path:
     description: Manifest from M(llmfleet_model_manifest) (not needed in check mode).
     type: path
@@ -52,10 +48,6 @@ options:
     default: /mnt/nvme/models
   model:
     description: Model name (directory under I(root)).
-    type: str
-    required: true
-  revision:
-    description: 40-hex commit of the revision.
     type: str
     required: true
   threads:
@@ -99,10 +91,6 @@ options:
     description: Writable shared directory for reader leases.
     type: path
     required: true
-  max_source_readers:
-    description: Fleet-wide cap of nodes reading shared storage at once (>= 1).
-    type: int
-    default: 2
   lease_ttl:
     description: Seconds a lease lives without renewal (>= 1).
     type: float
@@ -166,12 +154,7 @@ attributes:
   check_mode:
     support: full
     details: Reports the state and the files and bytes that would be copied; touches nothing.
-  diff_mode:
-    support: none
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_job
 """
 
 EXAMPLES = r"""

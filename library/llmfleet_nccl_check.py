@@ -13,6 +13,10 @@ description:
     rank's JSON (wrong-element counts per source rank, busbw, culprit ranks, phases of stalled ranks).
   - Fire it async on every node of the world at once, then poll.
   - Read-only; the logic lives in C(llmfleet.checks.nccl_check).
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_job
+  - llmfleet_no_diff
 options:
   python:
     description: The engine's Python (torch and the NCCL the engine uses).
@@ -175,13 +179,7 @@ attributes:
   check_mode:
     support: partial
     details: In check mode no rank is started; the module returns C(ranks=[]), C(ok=true) and C(skipped_in_check_mode=true).
-  diff_mode:
-    support: none
-    details: Changes nothing.
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_job
 """
 
 EXAMPLES = r"""

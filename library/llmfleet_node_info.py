@@ -12,6 +12,9 @@ description:
     the staging disk and the shared-storage mount of a node.
   - The logic lives in the C(llmfleet.nodeinfo) package module, shipped as module_utils.
   - Read-only.
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 options:
   nvme_path:
     description: Node-local staging disk mount point.
@@ -22,9 +25,6 @@ options:
     type: path
     default: /mnt/shared
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_read_only
 """
 
 EXAMPLES = r"""

@@ -11,6 +11,9 @@ description:
   - C(mode=listen) binds I(bind):I(ports) and accepts connections for I(duration) seconds (run it async on every
     node first). A port already in use counts as listening (something serves it).
   - C(mode=probe) connects to every target's ports and reports C(open), C(refused) or C(timeout).
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 options:
   mode:
     description: Listen on the ports, or probe the targets' ports.
@@ -49,9 +52,6 @@ attributes:
       - Runs the same in check mode; it changes no managed state. C(mode=listen) still binds the ports for
         I(duration) and writes and removes I(ready_file).
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_read_only
 """
 
 EXAMPLES = r"""

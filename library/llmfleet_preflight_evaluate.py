@@ -11,6 +11,9 @@ description:
   - Every check is pass / warn / fail with the measured value per node; consistency checks name the node that
     differs from the others. Fails (with the table in the message) when any check fails.
   - Runs anywhere (the preflight role delegates it to the ops host); reads only its options.
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 options:
   measurements:
     description: Node -> I(measurements) from M(llmfleet_preflight_info).
@@ -51,9 +54,6 @@ attributes:
   check_mode:
     details: Reads only its options; runs the same in check mode.
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_read_only
 """
 
 EXAMPLES = r"""

@@ -11,6 +11,9 @@ description:
   - Uses nvidia-smi (C(LC_ALL=C), csv) when installed, sysfs, /proc, systemd and chrony/timedatectl; a missing tool
     gives a null value, never an error.
   - Read-only; returns I(measurements) for M(llmfleet_preflight_evaluate), not C(ansible_facts).
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 options:
   sys_root:
     description: sysfs root.
@@ -48,9 +51,6 @@ options:
     description: A file holding C(chronyc tracking) / C(timedatectl timesync-status) output to use instead of running them.
     type: path
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_read_only
 """
 
 EXAMPLES = r"""

@@ -16,6 +16,10 @@ description:
   - Runs in the controller's own process (no module start-up), whatever host the task runs for; use it with
     C(run_once) for a record of the whole play.
   - An action plugin (C(action_plugins/llmfleet_record.py)); this module file only documents it.
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_action
+  - llmfleet_no_diff
 options:
   dir:
     description: The report directory on the ops host (usually C(llmfleet_report_dir)).
@@ -41,12 +45,7 @@ attributes:
   check_mode:
     support: full
     details: Says whether the record would change and writes nothing (tasks that keep their record in check mode set C(check_mode=false)).
-  diff_mode:
-    support: none
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_action
 """
 
 EXAMPLES = r"""

@@ -20,6 +20,9 @@ description:
     swapped in (no file of a removed module stays behind, and a package that does not compile is never swapped
     in). An unchanged package costs one module run and no transfer.
   - An action plugin (C(action_plugins/llmfleet_runtime.py)) with a module of the same name that runs on the node.
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_no_diff
 options:
   src:
     description:
@@ -52,12 +55,7 @@ attributes:
   check_mode:
     description: Says what would change and changes nothing; the archive is not sent.
     support: full
-  diff_mode:
-    description: No diff.
-    support: none
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
 """
 
 EXAMPLES = r"""

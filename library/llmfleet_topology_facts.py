@@ -19,6 +19,9 @@ description:
   - Overrides are validated against what exists.
   - Read-only; sets C(ansible_facts.llmfleet_topology). The topology role writes C(/etc/llmfleet/fabric.env)
     from the returned I(env) with a template task; this module writes nothing.
+extends_documentation_fragment:
+  - llmfleet_check_mode
+  - llmfleet_read_only
 options:
   node_ip:
     description: This node's fabric IP (selects the socket interface and the RoCE GIDs).
@@ -50,9 +53,6 @@ attributes:
     support: full
     details: Sets C(ansible_facts.llmfleet_topology).
 author: llmfleet developers
-extends_documentation_fragment:
-  - llmfleet_check_mode
-  - llmfleet_read_only
 """
 
 EXAMPLES = r"""
