@@ -1,4 +1,4 @@
-"""The on-call commands plugged into the real `llmfleet` parser (cli.PLUGGED, as the lead wires them)."""
+"""The on-call commands plugged into the real `llmfleet` parser (cli.PLUGGED, as cli.py wires them)."""
 
 from __future__ import annotations
 

@@ -237,7 +237,7 @@ class Fakes:
 
 def lab_inventory(tmp_path: Path, n: int = 3, **host_key) -> tuple[Path, object]:
     """An inventory exactly as tests/lab/labctl.py writes it (hosts.yml + the ssh_config it points to), with the
-    repository's inventory/lab/group_vars beside it: the format the lead's lab runs use. Returns (dir, lab)."""
+    repository's inventory/lab/group_vars beside it: the format the lab's runs use. Returns (dir, lab)."""
     import shutil
 
     from tests.lab import labctl
