@@ -135,30 +135,22 @@ import re
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet.facts import option_ranges, range_problem
 from ansible.module_utils.llmfleet.stage.errors import StageError
 from ansible.module_utils.llmfleet.stage.lease import Lease, LeaseTimeout
 from ansible.module_utils.llmfleet.stage.manifest import build_manifest, obtain_manifest, stat_manifest
 from ansible.module_utils.llmfleet.stage.staging import resolve_source
 from ansible.module_utils.llmfleet.stage.swarm import lease_check
 
-# Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).
-RANGES = {
-    "max_source_readers": (1, None, "model_stage_max_source_readers"),
-    "threads": (1, None, "model_stage_threads"),
-    "lease_timeout": (0, None, None),
-}
-
-
-def range_problem(params: dict, ranges: dict) -> str | None:
-    """The first numeric option outside its range, as a message naming it and the fix."""
-    for name, (low, high, var) in ranges.items():
-        v = params.get(name)
-        if v is None or (v >= low and (high is None or v <= high)):
-            continue
-        want = f">= {low}" if high is None else f"between {low} and {high}"
-        where = f" (set by the role variable {var})" if var else ""
-        return f"{name}={v} is out of range{where}: it must be {want}"
-    return None
+# Numeric options: a model_stage role variable's name (its bounds, llmfleet.facts.STAGE_RANGES), or (lowest,
+# highest or None).
+RANGES = option_ranges(
+    {
+        "max_source_readers": "model_stage_max_source_readers",
+        "threads": "model_stage_threads",
+        "lease_timeout": (0, None),
+    }
+)
 
 
 def argument_spec() -> dict:

@@ -306,6 +306,7 @@ import socket
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet import jobs
 from ansible.module_utils.llmfleet.fabric_key import FabricKeyError, load_key_file
+from ansible.module_utils.llmfleet.facts import option_ranges, range_problem
 from ansible.module_utils.llmfleet.stage.errors import StageError
 from ansible.module_utils.llmfleet.stage.lease import LeaseTimeout
 from ansible.module_utils.llmfleet.stage.manifest import load_manifest, manifest_digest, stat_manifest
@@ -313,33 +314,24 @@ from ansible.module_utils.llmfleet.stage.staging import StageRequest, plan, reso
 from ansible.module_utils.llmfleet.stage.store import UNIT_GLOB
 from ansible.module_utils.llmfleet.stage.swarm import SwarmConfig, run_node
 
-# Numeric options: (lowest, highest or None, the model_stage role variable that sets it or None).
-RANGES = {
-    "threads": (1, None, "model_stage_threads"),
-    "keep": (1, None, "model_stage_keep"),
-    "free_space_margin_bytes": (0, None, "model_stage_free_space_margin_gb"),
-    "max_source_readers": (1, None, "model_stage_max_source_readers"),
-    "lease_ttl": (1, None, None),
-    "lease_timeout": (0, None, None),
-    "serve_port": (0, 65535, "model_stage_peer_port"),
-    "peer_wait": (0, None, None),
-    "peer_dead_after": (0.1, None, None),
-    "finish_wait": (0, None, "model_stage_timeout"),
-    "rate_limit_bytes_per_s": (0, None, "model_stage_rate_limit_mib_s"),
-    "lock_wait": (0, None, "model_stage_lock_wait"),
-}
-
-
-def range_problem(params: dict, ranges: dict) -> str | None:
-    """The first numeric option outside its range, as a message naming it and the fix."""
-    for name, (low, high, var) in ranges.items():
-        v = params.get(name)
-        if v is None or (v >= low and (high is None or v <= high)):
-            continue
-        want = f">= {low}" if high is None else f"between {low} and {high}"
-        where = f" (set by the role variable {var})" if var else ""
-        return f"{name}={v} is out of range{where}: it must be {want}"
-    return None
+# Numeric options: a model_stage role variable's name (its bounds, llmfleet.facts.STAGE_RANGES), or (lowest,
+# highest or None[, the role variable that sets it in other units]).
+RANGES = option_ranges(
+    {
+        "threads": "model_stage_threads",
+        "keep": "model_stage_keep",
+        "free_space_margin_bytes": (0, None, "model_stage_free_space_margin_gb"),
+        "max_source_readers": "model_stage_max_source_readers",
+        "lease_ttl": (1, None),
+        "lease_timeout": (0, None),
+        "serve_port": "model_stage_peer_port",
+        "peer_wait": (0, None),
+        "peer_dead_after": (0.1, None),
+        "finish_wait": (0, None, "model_stage_timeout"),
+        "rate_limit_bytes_per_s": (0, None, "model_stage_rate_limit_mib_s"),
+        "lock_wait": "model_stage_lock_wait",
+    }
+)
 
 
 def argument_spec() -> dict:

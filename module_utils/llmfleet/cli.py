@@ -23,6 +23,7 @@ from .accept import warmup
 from .bench import serve as servebench
 from .cli_grammar import EXIT_CODES, alias, completion_script, stamp_schema
 from .engine import fit_cli, precompile, specdecode
+from .facts import revision_problem
 from .oncall import bundle as oncall_bundle
 from .oncall import logs as oncall_logs
 from .oncall import rdma as oncall_rdma
@@ -31,7 +32,6 @@ from .oncall import status as oncall_status
 from .oncall import stop as oncall_stop
 from .oncall import why as oncall_why
 from .report import cli as report_cli
-from .stage.manifest import HEX40
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -77,7 +77,7 @@ def _ifname_ipv4(text: str) -> tuple[str, str]:
 
 
 def _commit(text: str) -> str:
-    if not HEX40.match(text):
+    if revision_problem(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a 40-hex commit id: branch and tag names move; pin the commit"
         )

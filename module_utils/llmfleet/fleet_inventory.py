@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import engines
+from .facts import DEPLOYMENT_RE, DEPLOYMENT_RULE
+
 # Role defaults the on-call commands rely on when the inventory does not set them (roles/llmfleet and
 # roles/engine defaults; tests/unit/test_fleet_inventory.py fails when these drift from the roles').
 DEFAULTS: dict[str, Any] = {
@@ -27,15 +30,13 @@ DEFAULTS: dict[str, Any] = {
     "llmfleet_state_dir": "/var/lib/llmfleet",
     "llmfleet_fabric_env": "{{ llmfleet_config_dir }}/fabric.env",
     "engine_state_dir": "{{ llmfleet_state_dir }}/engine",
-    "engine_profile": "sglang",
+    "engine_profile": engines.DEFAULT,
     "engine_host": "0.0.0.0",  # noqa: S104 (the role default, read; nothing binds here)
     "engine_port": 0,
     "engine_pd_router_port": 30000,
     "engine_ready_deadline": 0,
     "engine_start_timeout": 3600,
 }
-# The llmfleet role's rule for llmfleet_deployment (meta/argument_specs.yml).
-DEPLOYMENT_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,40}[a-z0-9])?$")
 DEFAULT_PYTHON = "/usr/bin/python3"
 
 
@@ -217,8 +218,7 @@ def load_fleet(
         raise InventoryError(f"inventory {', '.join(missing) or '(none)'}: no such file or directory{hint}")
     if deployment is not None and not DEPLOYMENT_RE.match(deployment):
         raise InventoryError(
-            f"deployment {deployment!r}: 1-42 lowercase letters, digits and '-', starting with a letter "
-            "(the unit is llmfleet-<deployment>.service)"
+            f"deployment {deployment!r}: {DEPLOYMENT_RULE} (the unit is llmfleet-<deployment>.service)"
         )
     extra = dict(extra_vars or {})
     loader = DataLoader()
@@ -260,7 +260,9 @@ def load_fleet(
         raise InventoryError(f"inventory {where}: nodes disagree on llmfleet_deployment ({split}): fix the inventory")
     dep = next(iter(deployments))
     if not DEPLOYMENT_RE.match(dep):
-        raise InventoryError(f"inventory {where}: llmfleet_deployment {dep!r} is not a valid deployment name")
+        raise InventoryError(
+            f"inventory {where}: llmfleet_deployment {dep!r} is not a valid deployment name: {DEPLOYMENT_RULE}"
+        )
     return Fleet(sources, dep, node_group, head_group, nodes)
 
 

@@ -24,11 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import safefs
+from ..facts import HEX40
 from .errors import StageError
 
 MANIFEST_FORMAT = "llmfleet-manifest/1"
 SHIPPED_MANIFEST = ".llmfleet-manifest.json"
-HEX40 = re.compile(r"^[0-9a-f]{40}$")  # a pinned revision: a commit id (branch and tag names move)
 HASH_CHUNK = 8 * 1024 * 1024
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # Files up to this size (config, tokenizer, index, ...) are re-hashed from the source whenever a

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..facts import HEX40, revision_problem
 from .errors import DiskFullError, StageError
-from .manifest import HEX40
 from .progress import Progress
 from .store import (
     UNIT_GLOB,
@@ -65,11 +65,9 @@ __all__ = [
 
 
 def check_revision(revision: str) -> None:
-    if not HEX40.match(revision or ""):
-        raise StageError(
-            f"revision {revision!r} is not a 40-hex commit id: branch names like 'main' move; "
-            "pin the commit (model_stage_revision)"
-        )
+    problem = revision_problem(revision, "revision")
+    if problem:
+        raise StageError(problem)
 
 
 @dataclass

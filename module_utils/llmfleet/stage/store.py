@@ -39,9 +39,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import safefs
+from ..facts import HEX40, HEX40_IN_TEXT
 from .checkpoint import verify_structure
 from .errors import DiskFullError, LockedError, StageError
-from .manifest import HEX40, sha256_file
+from .manifest import sha256_file
 
 JOURNAL = ".llmfleet-journal"
 LOCK = ".stage.lock"
@@ -754,7 +755,7 @@ def revisions_named(text: str, mdir: str) -> set[str]:
     a process's argv or environment)."""
     out = set()
     for name in _dir_names(mdir):
-        out.update(m.group(1) for m in re.finditer(re.escape(name) + r"/([0-9a-f]{40})(?![0-9a-f])", text))
+        out.update(m.group(1) for m in re.finditer(re.escape(name) + "/(" + HEX40_IN_TEXT + ")", text))
     return out
 
 
