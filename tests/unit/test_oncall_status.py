@@ -232,8 +232,8 @@ def test_local_transport_timeout():
 
 def test_on_call_modules_import_no_third_party_package_at_load():
     """Fabric, paramiko and ansible load only when a command runs (the package is imported on nodes too)."""
-    mods = ["oncall", "oncall_ssh", "oncall_status", "oncall_logs", "oncall_bundle", "oncall_stop", "oncall_restart",
-            "oncall_rdma", "fleet_inventory", "node_probe"]  # fmt: skip
+    mods = ["oncall.common", "oncall.ssh", "oncall.status", "oncall.logs", "oncall.bundle", "oncall.stop",
+            "oncall.restart", "oncall.rdma", "fleet_inventory", "oncall.node_probe"]  # fmt: skip
     code = "import sys\n" + "".join(f"import llmfleet.{m}\n" for m in mods)
     code += "print([m for m in ('fabric', 'paramiko', 'ansible', 'invoke') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -755,9 +755,9 @@ def test_markdown_report_cells_and_problems():
 # ---- the package's rules --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["servebench", "servebench_report"])
+@pytest.mark.parametrize("name", ["serve", "serve_report"])
 def test_stdlib_only_and_python38_syntax(name):
-    src = (ROOT / "module_utils" / "llmfleet" / f"{name}.py").read_text()
+    src = (ROOT / "module_utils" / "llmfleet" / "bench" / f"{name}.py").read_text()
     tree = ast.parse(src, feature_version=(3, 8))
     mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
     mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -773,7 +773,7 @@ def test_runs_under_python38(tmp_path):
     import subprocess
 
     code = (
-        "import argparse, sys; from llmfleet import servebench as s, servebench_report as r\n"
+        "import argparse, sys; from llmfleet.bench import serve as s, serve_report as r\n"
         "p = argparse.ArgumentParser(); s.add_arguments(p)\n"
         "a = p.parse_args(['--engine', 'vllm', '--url', 'http://h:1', '--tokenizer', 't', '--input-len', '32',"
         " '--output-len', '8', '--concurrency', '1', '--check'])\n"

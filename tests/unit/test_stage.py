@@ -279,24 +279,25 @@ def _imports(name):
 
     import llmfleet
 
-    tree = ast.parse((Path(llmfleet.__file__).parent / f"{name}.py").read_text(), feature_version=(3, 8))
+    tree = ast.parse((Path(llmfleet.__file__).parent / "stage" / f"{name}.py").read_text(), feature_version=(3, 8))
     out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            out.update((node.module or "").split(".")[:1] if node.module else [a.name for a in node.names])
+    for node in ast.walk(tree):  # siblings in stage/ by name, the core's modules as "..name"
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            out.update("." * (node.level - 1) + n for n in names)
     return out
 
 
 def test_staging_modules_are_layered():
     """Each staging module imports only the ones below it (errors, progress < manifest < checkpoint <
-    store < transfer < stage): the store never copies, transfer never decides the flow."""
-    assert _imports("stage_errors") == set()
-    assert _imports("stage_progress") == {"safefs"}
-    assert _imports("manifest") == {"safefs", "stage_errors"}
+    store < transfer < staging): the store never copies, transfer never decides the flow."""
+    assert _imports("errors") == set()
+    assert _imports("progress") == {".safefs"}
+    assert _imports("manifest") == {".safefs", "errors"}
     assert _imports("checkpoint") == {"manifest"}
-    assert _imports("store") == {"checkpoint", "manifest", "safefs", "stage_errors"}
-    assert _imports("transfer") == {"fabric_key", "manifest", "safefs", "stage_errors", "stage_progress", "store"}
-    assert _imports("stage") <= {"manifest", "stage_errors", "stage_progress", "store", "transfer"}
+    assert _imports("store") == {"checkpoint", "manifest", ".safefs", "errors"}
+    assert _imports("transfer") == {".fabric_key", "manifest", ".safefs", "errors", "progress", "store"}
+    assert _imports("staging") <= {"manifest", "errors", "progress", "store", "transfer"}
 
 
 def test_the_names_stage_exports_are_the_same_objects():

@@ -575,11 +575,9 @@ def test_xid_table_explains_the_common_numbers():
     assert triage_rules.xid_info(999)[1] == "hardware"
 
 
-@pytest.mark.parametrize(
-    "name", ["triage", "triage_parse", "triage_rules", "triage_kernel", "triage_run", "triage_unit"]
-)
+@pytest.mark.parametrize("name", ["verdict", "parse", "rules", "kernel", "run", "unit"])
 def test_node_safe_python_38_syntax(name):
-    ast.parse((Path(llmfleet.__file__).parent / f"{name}.py").read_text(), feature_version=(3, 8))
+    ast.parse((Path(llmfleet.__file__).parent / "oncall" / "triage" / f"{name}.py").read_text(), feature_version=(3, 8))
 
 
 def test_a_requested_stop_before_a_peers_failure_is_where_it_started(tmp_path):
