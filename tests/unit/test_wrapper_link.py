@@ -4,6 +4,7 @@ peer died, never exit by themselves. Every wait has a deadline."""
 
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -459,3 +460,193 @@ def test_the_link_needs_the_key():
     cp = subprocess.run([*WRAP, "--link-head", "127.0.0.1:5", "--", "true"], capture_output=True, text=True,
                         timeout=WAIT, env=env(), check=False)  # fmt: skip
     assert cp.returncode == 2 and "--link-listen/--link-head need --link-key CRED" in cp.stderr, cp.stderr
+
+
+# ---- the barrier: after a failure the nodes meet at the link before any engine starts ---------------------------
+
+
+def _started(node):
+    return "engine pid" in node.output()
+
+
+def _until(what, check, seconds=WAIT):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"never: {what}")
+
+
+def _barrier_head(tmp_path, addr, *extra, name="head"):
+    status, metrics = tmp_path / f"{name}-status.json", tmp_path / f"{name}-metrics"
+    metrics.mkdir(exist_ok=True)
+    link = ["--link-listen", addr, "--link-peers", "w1,w2", "--status", str(status), "--metrics-dir", str(metrics),
+            "--deployment", "demo", *extra]  # fmt: skip
+    return Node(tmp_path, name, link), status, metrics
+
+
+def _worker(tmp_path, addr, name, wait="20"):
+    status = tmp_path / f"{name}-status.json"
+    return Node(tmp_path, name, ["--link-head", addr, "--link-wait", wait, "--status", str(status)]), status
+
+
+def _missing(status):
+    try:
+        return ((json.loads(status.read_text()).get("link") or {}).get("barrier") or {}).get("missing")
+    except (OSError, ValueError):
+        return None
+
+
+def test_no_engine_starts_until_every_node_joined_and_the_missing_one_is_named(tmp_path):
+    """A partition that heals: the head and one worker wait for w2 (journal, status file, gauge) and start no
+    engine (before, each started its engine and died in the rendezvous); w2 joins and every engine starts."""
+    addr = f"127.0.0.1:{free_port()}"
+    head, hstatus, metrics = _barrier_head(tmp_path, addr)
+    w1, w1status = _worker(tmp_path, addr, "w1")
+    w2 = None
+    try:
+        _until(
+            "the head waits for w2", lambda: "link: barrier: waiting for w2 to join (here: head, w1)" in head.output()
+        )
+        assert _until("the head's status names w2", lambda: _missing(hstatus)) == ["w2"]
+        assert _until("w1's status names w2", lambda: _missing(w1status)) == ["w2"]
+        assert "waits for w2 to join" in w1.output()
+        prom = (metrics / "llmfleet_link_demo.prom").read_text()
+        assert 'llmfleet_engine_link_missing_seconds{deployment="demo",node="head",unit="",missing="w2"}' in prom, prom
+        assert not _started(head) and not _started(w1)
+        w2, _ = _worker(tmp_path, addr, "w2")
+        for n in (head, w1, w2):
+            n.engine_pid()
+        assert "link: barrier: every node joined (head, w1, w2): starting" in head.output()
+        prom = (metrics / "llmfleet_link_demo.prom").read_text()
+        assert 'missing=""} 0' in prom and 'missing="w2"' not in prom, prom
+        assert _missing(hstatus) is None
+        head.p.send_signal(signal.SIGTERM)
+        assert head.wait() == 0 and w1.wait() == 0 and w2.wait() == 0
+    finally:
+        for n in (head, w1, w2):
+            if n:
+                n.kill()
+
+
+def test_the_barrier_deadline_names_the_missing_node_and_starts_no_engine(tmp_path):
+    addr = f"127.0.0.1:{free_port()}"
+    head, _, _ = _barrier_head(tmp_path, addr, "--link-wait", "3")
+    w1, _ = _worker(tmp_path, addr, "w1")
+    try:
+        assert head.wait() == EXIT_PEER_FAILED
+        rec = head.rec()
+        assert rec["verdict"] == "link-failed" and rec["child_pid"] is None, rec
+        assert re.search(
+            r"w2 did not join the deployment link in \d+ s \(here: head, w1\): down, or cut off from head",
+            rec["reason"],
+        ), rec["reason"]
+        assert rec["link"]["barrier"]["missing"] == ["w2"], rec["link"]
+        assert not _started(head) and not _started(w1)
+        stays_up(w1, 1.5)  # it waits for the head's next run (its own deadline), not a failure of its own
+    finally:
+        head.kill()
+        w1.kill()
+
+
+def _hello(addr, key, name):
+    """The worker's half of the handshake with the key: the head's first answer after it."""
+    from llmfleet import fabric_key as fk
+
+    host, port = parse_addr(addr)
+    with socket.create_connection((host, port), timeout=5) as s:
+        f = s.makefile("rb")
+        mine = fk.nonce()
+        s.sendall(f"HELLO {name} {mine}\n".encode())
+        _, theirs, _proof = f.readline().decode().split()
+        s.sendall(f"AUTH {fk.worker_proof(key, name, mine, theirs)}\n".encode())
+        return (f.readline().decode().split() or [""])[0]
+
+
+def test_a_node_the_head_does_not_expect_cannot_join_or_complete_the_barrier(tmp_path):
+    """Even with the key (another deployment sharing it, a stale node): not one of --link-peers, refused."""
+    addr = f"127.0.0.1:{free_port()}"
+    head, hstatus, _ = _barrier_head(tmp_path, addr)
+    w1, _ = _worker(tmp_path, addr, "w1")
+    try:
+        _until("w1 joined", lambda: "link: w1 joined; still missing: w2" in head.output())
+        assert _hello(addr, KEY.encode(), "w9") == "UNKNOWN"
+        raw(addr, f"HELLO w2 {secrets.token_hex(16)}", "AUTH " + "0" * 64)  # w2's name without the key
+        stays_up(head, 1.5)
+        out = head.output()
+        assert "link: refused 'w9' from 127.0.0.1:" in out and "not a node of this deployment (expected: w1, w2)" in out
+        assert "'w2' did not prove the deployment's fabric key" in out
+        assert not _started(head) and _missing(hstatus) == ["w2"]
+    finally:
+        head.kill()
+        w1.kill()
+
+
+def test_a_worker_gone_while_the_nodes_wait_is_missing_again_and_a_restarted_head_is_joined(tmp_path):
+    """No engine runs yet, so a node that goes away at the barrier is waited for again, not a failure; a worker
+    that loses the head while it waits joins the head's next run (systemd restarted it)."""
+    addr = f"127.0.0.1:{free_port()}"
+    head, _, _ = _barrier_head(tmp_path, addr)
+    w2, _ = _worker(tmp_path, addr, "w2")
+    head2 = w1 = None
+    try:
+        _until("w2 waits", lambda: "link: w2 joined; still missing: w1" in head.output())
+        head.kill()  # SIGKILL: w2 keeps waiting and joins the head's next run
+        head2, _, _ = _barrier_head(tmp_path, addr, name="head2")
+        _until("w2 joined the new head", lambda: "link: w2 joined; still missing: w1" in head2.output())
+        assert w2.p.poll() is None and not _started(w2)
+        w1, _ = _worker(tmp_path, addr, "w1")
+        for n in (head2, w1, w2):
+            n.engine_pid()
+    finally:
+        for n in (head, head2, w1, w2):
+            if n:
+                n.kill()
+
+
+def test_a_joined_worker_that_goes_away_before_the_start_is_waited_for_again(tmp_path):
+    addr = f"127.0.0.1:{free_port()}"
+    head, hstatus, _ = _barrier_head(tmp_path, addr)
+    w1, _ = _worker(tmp_path, addr, "w1")
+    try:
+        _until("w1 joined", lambda: "link: w1 joined; still missing: w2" in head.output())
+        w1.kill()
+        _until("w1 missing again", lambda: "link: barrier: w1 left before the engines started" in head.output())
+        assert _until("both missing", lambda: _missing(hstatus) == ["w1", "w2"] or None, 10)
+        assert head.p.poll() is None and not _started(head)
+    finally:
+        head.kill()
+        w1.kill()
+
+
+def test_a_stop_on_request_while_the_nodes_wait_stops_the_deployment(tmp_path):
+    """Before, a worker waiting for the head's welcome ignored SIGTERM until its --link-wait ran out."""
+    addr = f"127.0.0.1:{free_port()}"
+    head, _, _ = _barrier_head(tmp_path, addr)
+    w1, _ = _worker(tmp_path, addr, "w1", wait="600")
+    try:
+        _until("w1 joined", lambda: "link: w1 joined; still missing: w2" in head.output())
+        w1.p.send_signal(signal.SIGTERM)
+        assert w1.wait() == 0 and head.wait() == 0
+        assert head.rec()["verdict"] == "deployment-stopped", head.rec()
+        assert w1.rec()["verdict"] == "clean-stop" and not _started(head) and not _started(w1)
+    finally:
+        head.kill()
+        w1.kill()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--link-head", "127.0.0.1:5", "--link-peers", "w1"], "--link-peers names the nodes the head waits for"),
+        (["--link-listen", "127.0.0.1:5", "--link-node", "h", "--link-peers", "w1,h"], "not this node's own"),
+        (["--link-listen", "127.0.0.1:5", "--link-peers", "w1,,w2"], "comma-separated"),
+        (["--link-listen", "127.0.0.1:5", "--link-peers", "w/1"], "comma-separated"),
+    ],
+)
+def test_bad_link_peers_are_usage_errors(flags, message):
+    cp = subprocess.run([*WRAP, "--link-key", "fabric-key", *flags, "--", "true"], capture_output=True, text=True,
+                        timeout=WAIT, env=env(), check=False)  # fmt: skip
+    assert cp.returncode == 2 and message in cp.stderr, cp.stderr

@@ -11,6 +11,14 @@ wrapper welcomes them (rank order: head first). A node that vanishes (SIGKILLed 
 counts as failed after ``timeout`` seconds without a heartbeat. A stop on request anywhere stops every
 node with exit 0 (stopping one node of a TP x PP world stops the deployment; nothing restarts).
 
+The barrier: a head given its workers' names (``peers``) starts no engine until every one of them has joined; it
+answers each joined worker ``WAIT <missing,...>`` until then and ``WELCOME`` to all at once when the last one
+joins. So after a failure (a crash, a partition) no engine starts on part of the world and dies in its rendezvous:
+the nodes meet at the link first, however long the missing node takes (a partition that heals, a host that
+reboots), up to the wait's deadline, naming the missing node meanwhile (``on_wait``: the journal, the status file,
+the metrics). A worker that loses the head while it waits joins again; a joined worker that goes away before the
+welcome is missing again, not a failure (no engine runs yet).
+
 Only the deployment's nodes take part: each wrapper holds the deployment's fabric key (a root-only credential,
 fabric_key.py). A connection starts with a challenge-response both ways: worker -> head ``HELLO <node>
 <worker-nonce>``, head -> worker ``CHALLENGE <head-nonce> <head-proof>`` (an HMAC of the key over the node and
@@ -19,8 +27,9 @@ fails it is refused and logged, never acted on: its connection does not count as
 carries a tag (HMAC under a key of this connection, over its direction and sequence number): a line injected
 into the stream or replayed ends the connection like a lost peer instead of being obeyed.
 
-Protocol after that (one line each, ASCII, each followed by its tag): head -> worker ``WELCOME`` or ``BUSY``
-(the head is stopping: try again), both ways ``PING``, worker -> head ``FAIL <node> <reason>`` or
+Protocol after that (one line each, ASCII, each followed by its tag): head -> worker ``WAIT <node,...>`` (the
+barrier still misses those), ``WELCOME``, ``BUSY`` (the head is stopping: try again) or ``UNKNOWN`` (not one of the
+head's peers), both ways ``PING``, worker -> head ``FAIL <node> <reason>`` or
 ``BYE <node> <reason>``, head -> worker ``STOPPING <node> <reason>`` (notice: the head was asked to stop and
 winds its engine down first, its workers' ranks still up) and ``STOP <failed|requested> <node> <reason>``.
 
@@ -41,6 +50,12 @@ from ..fabric_key import head_proof, is_nonce, is_token, line_tag, nonce, same, 
 EXIT_PEER_FAILED = 75
 HEARTBEAT_S = 1.0
 MAX_LINE = 4096
+BARRIER_LOG_S = 30.0  # a barrier still waiting says so in the journal this often (and at every change)
+REPORT_S = 5.0  # ...and to the wrapper (status file, metrics, systemd's start timeout) this often
+_ANSWERS = {  # the head's refusals, as a worker says them
+    "BUSY": "the head's wrapper is stopping",
+    "UNKNOWN": "the head's wrapper does not expect {node} (not among its peers): rerun the play on every node",
+}
 
 
 def parse_addr(text: str) -> tuple[str, int]:
@@ -133,6 +148,8 @@ class DeploymentLink:
         key: bytes,
         on_stop: Callable[[str, dict[str, Any]], None],
         log: Callable[[str], None],
+        peers: tuple[str, ...] = (),
+        on_wait: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if (listen is None) == (head is None):
             raise ValueError("a link end is either the head (listen) or a worker (head)")
@@ -156,6 +173,16 @@ class DeploymentLink:
         self.server: socket.socket | None = None
         self.conn: _Conn | None = None
         self.done = threading.Event()
+        # The barrier (head): the workers that must join before any engine starts; a worker's view of it.
+        for peer in peers:
+            if not is_token(peer) or peer == node:
+                raise ValueError(f"link peer {peer!r}: another node's name (letters, digits and _.@:- only)")
+        self.expected = tuple(dict.fromkeys(peers))
+        # The barrier is behind us: a head without peers welcomes at once; a worker once the head welcomed it.
+        self.welcomed = listen is not None and not self.expected
+        self.changed = threading.Event()  # a peer joined or left while the barrier waits
+        self.on_wait = on_wait or (lambda _snap: None)
+        self.waiting: dict[str, Any] | None = None  # the barrier's last snapshot while it waits, else None
 
     @property
     def is_head(self) -> bool:
@@ -163,43 +190,134 @@ class DeploymentLink:
 
     # ---- start
 
-    def start(self, deadline: float) -> None:
-        """Head: listen. Worker: connect and be welcomed before ``deadline`` (time.monotonic()); OSError with
-        the reason when it cannot."""
+    def start(self, deadline: float, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Head: listen, and with peers wait until every one has joined (the barrier). Worker: connect and be
+        welcomed. Both before ``deadline`` (time.monotonic()); OSError with the reason when it cannot. Returns
+        early when ``cancelled()`` (a stop request): the caller checks."""
+        self._thread(self._heartbeat)
         if self.is_head:
             self.server = socket.create_server(self.listen_addr, reuse_port=False)
             self.server.settimeout(0.5)
             self._thread(self._accept_loop)
+            self._await_barrier(deadline, cancelled)
         else:
-            self.conn = self._connect(deadline)
-            self._thread(self._worker_reader, self.conn)
-        self._thread(self._heartbeat)
+            conn = self._connect(deadline, cancelled)
+            if conn is not None:
+                self._thread(self._worker_reader, conn)
 
-    def _connect(self, deadline: float) -> _Conn:
+    def barrier(self) -> dict[str, Any]:
+        """The barrier now: expected, joined and missing nodes (the head's own view; a worker's from WAIT)."""
+        with self.lock:
+            if self.is_head:
+                joined = [n for n in self.expected if n in self.peers]
+                missing = [n for n in self.expected if n not in self.peers]
+            else:
+                joined, missing = [], list((self.waiting or {}).get("missing") or [])
+        return {"role": "head" if self.is_head else "worker", "node": self.node, "expected": list(self.expected),
+                "joined": joined, "missing": missing, "complete": self.welcomed}  # fmt: skip
+
+    def _report(self, since: float, said: dict[str, Any], what: str) -> None:
+        """How the wait stands: to on_wait at a change and every REPORT_S, to the journal at a change and every
+        BARRIER_LOG_S. said: what was last told and when, kept by the caller."""
+        now = time.monotonic()
+        if what == said.get("what") and now - said.get("told", -1e9) < REPORT_S:
+            return
+        snap = self.barrier()
+        snap.update(waiting_s=round(now - since, 1), since=round(time.time() - (now - since), 3), what=what)
+        with self.lock:
+            snap["missing"] = snap["missing"] or list((self.waiting or {}).get("missing") or [])
+            self.waiting = snap
+        said["told"] = now
+        if what != said.get("what") or now - said.get("logged", -1e9) >= BARRIER_LOG_S:
+            self.log(f"link: barrier: {what} ({snap['waiting_s']:.0f} s so far)")
+            said.update(what=what, logged=now)
+        self.on_wait(dict(snap))
+
+    def _await_barrier(self, deadline: float, cancelled: Callable[[], bool]) -> None:
+        since, said = time.monotonic(), {}
+        while not self.welcomed and not cancelled() and not self.stopping:
+            snap = self.barrier()
+            missing, joined = snap["missing"], [self.node, *snap["joined"]]
+            what = f"waiting for {', '.join(missing)} to join (here: {', '.join(joined)})"
+            if time.monotonic() >= deadline:
+                with self.lock:
+                    if self.welcomed:
+                        break
+                    self.stopping = True  # nobody is welcomed after this
+                raise OSError(
+                    f"{', '.join(missing)} did not join the deployment link in {time.monotonic() - since:.0f} s "
+                    f"(here: {', '.join(joined)}): down, or cut off from {self.node}"
+                )
+            self._report(since, said, what)
+            self.changed.wait(1.0)
+            self.changed.clear()
+        with self.lock:
+            self.waiting = None
+        if self.welcomed:
+            self.log(f"link: barrier: every node joined ({', '.join((self.node, *self.expected))}): starting")
+            self.on_wait({"complete": True, "missing": []})
+
+    def _connect(self, deadline: float, cancelled: Callable[[], bool]) -> _Conn | None:
+        """The welcomed connection, None when cancelled; OSError at the deadline. Lost while waiting: join again."""
         host, port = self.head_addr
         last = "no answer"
-        while True:
+        since, said = time.monotonic(), {}
+        while not cancelled():
             try:
                 sock = socket.create_connection((host, port), timeout=min(self.timeout, 5.0))
                 conn = _Conn(sock, self.timeout)
                 problem = self._worker_handshake(conn)
                 answer = None if problem else conn.readline()
+                while answer == "PING":  # the head's heartbeat may come before its answer
+                    answer = conn.readline()
+                if answer is not None and answer.startswith("WAIT"):
+                    answer = self._wait_for_welcome(
+                        conn, answer, deadline=deadline, cancelled=cancelled, since=since, said=said
+                    )
+                    last = f"the head's wrapper waits for {', '.join(self.barrier()['missing'])} to join"
+                    if cancelled():
+                        return None  # self.conn stays: the caller says BYE (a stop on request stops the deployment)
                 if answer == "WELCOME":
+                    with self.lock:
+                        self.conn, self.waiting, self.welcomed = conn, None, True
                     self.log(f"link: joined the head's wrapper at {host}:{port}")
                     return conn
+                with self.lock:
+                    self.conn = None
                 conn.close()
                 if problem:
                     last = problem
                     self.log(f"link: {host}:{port}: {problem}")
-                elif answer == "BUSY":
-                    last = "the head's wrapper is stopping"
-                else:
+                elif answer in _ANSWERS:
+                    last = _ANSWERS[answer].format(node=self.node)
+                elif answer is not None:
                     last = f"unexpected answer {answer!r}"
             except OSError as e:
                 last = e.strerror or str(e)
             if time.monotonic() >= deadline:
                 raise OSError(f"the head's wrapper at {host}:{port} did not welcome this node: {last}")
+            self._report(since, said, f"waiting for the head's wrapper at {host}:{port}: {last}")
             time.sleep(1.0)
+        return None
+
+    def _wait_for_welcome(
+        self, conn: _Conn, answer: str, *, deadline: float, cancelled: Callable[[], bool], since: float,
+        said: dict[str, Any],
+    ) -> str | None:  # fmt: skip
+        """Joined, the head still waits for others: heartbeats both ways until its next answer other than WAIT."""
+        host, port = self.head_addr
+        with self.lock:
+            self.conn = conn  # heartbeats, and a stop on request says BYE, while the head waits
+        while answer is not None and answer.split(" ", 1)[0] in ("WAIT", "PING") and not cancelled():
+            if answer.startswith("WAIT"):
+                with self.lock:
+                    self.waiting = {"missing": [n for n in answer[5:].split(",") if n]}
+            if time.monotonic() >= deadline:
+                break
+            self._report(since, said, f"the head's wrapper at {host}:{port} waits for "
+                         f"{', '.join(self.barrier()['missing'])} to join")  # fmt: skip
+            answer = conn.readline()
+        return answer
 
     def _worker_handshake(self, conn: _Conn) -> str | None:
         """Prove the key to the head and make it prove it first; the problem, or None (conn is authenticated)."""
@@ -248,6 +366,50 @@ class DeploymentLink:
         conn.authenticated(session_key(self.key, name, theirs, mine), "h")
         return name, ""
 
+    def _admit(self, conn: _Conn, name: str, peer: str) -> bool:
+        """A node that proved the key: refused (not one of the peers, or the head is stopping), welcomed, or told to
+        wait for the barrier; whether it is a peer now."""
+        if self.expected and name not in self.expected:
+            with self.lock:
+                self.refused += 1
+            self.log(f"link: refused {name!r} from {peer}: not a node of this deployment (expected: "
+                     f"{', '.join(self.expected)})")  # fmt: skip
+            conn.send("UNKNOWN")
+            conn.close()
+            return False
+        welcome: list[_Conn] = []
+        with self.lock:
+            busy = self.stopping
+            if not busy:
+                old = self.peers.pop(name, None)
+                self.peers[name] = conn
+                if not self.welcomed and all(n in self.peers for n in self.expected):
+                    self.welcomed = True  # the last one: every node is here, every engine may start
+                    welcome = list(self.peers.values())
+                elif self.welcomed:
+                    welcome = [conn]
+        if busy:
+            conn.send("BUSY")
+            conn.close()
+            return False
+        if old is not None:
+            old.close()  # that node's earlier wrapper is gone: its reader must not report it
+        for c in welcome:
+            c.send("WELCOME")
+        missing = self._tell_waiting()
+        self.log(f"link: {name} joined" + (f"; still missing: {', '.join(missing)}" if missing else ""))
+        return True
+
+    def _tell_waiting(self) -> list[str]:
+        """While the barrier waits: every joined worker hears who is still missing (and the head's loop wakes)."""
+        with self.lock:
+            conns = [] if self.welcomed else list(self.peers.values())
+            missing = [n for n in self.expected if n not in self.peers]
+        for c in conns:
+            c.send(f"WAIT {','.join(missing)}")
+        self.changed.set()
+        return missing if conns else []
+
     def _head_reader(self, conn: _Conn, peer: str) -> None:
         name, why = self._head_handshake(conn)
         if name is None:  # never acted on: not a peer, so its connection is nobody's loss either
@@ -256,24 +418,21 @@ class DeploymentLink:
             self.log(f"link: refused a connection from {peer}: {why}")
             conn.close()
             return
-        with self.lock:
-            busy = self.stopping
-            if not busy:
-                old = self.peers.pop(name, None)
-                self.peers[name] = conn
-        if busy:
-            conn.send("BUSY")
-            conn.close()
+        if not self._admit(conn, name, peer):
             return
-        if old is not None:
-            old.close()  # that node's earlier wrapper is gone: its reader must not report it
-        conn.send("WELCOME")
-        self.log(f"link: {name} joined")
         while True:
             line = conn.readline()
             if line is None:
                 with self.lock:
                     current = self.peers.get(name) is conn
+                    early = current and not self.welcomed  # no engine runs yet: missing again, not a failure
+                    if early:
+                        self.peers.pop(name, None)
+                if early:
+                    conn.close()
+                    self.log(f"link: barrier: {name} left before the engines started: waiting for it again")
+                    self._tell_waiting()
+                    return
                 if current and not conn.closed:
                     why = ("a line that failed its authentication: injected on the way?" if conn.forged
                            else f"connection closed or no heartbeat for {self.timeout:g} s")  # fmt: skip

@@ -41,7 +41,7 @@ from ..engine.logobserver import (
     rank_of,
 )
 from ..fabric_key import FabricKeyError, parse_key
-from ..metrics import write_engine_metrics, write_health_metrics
+from ..metrics import write_engine_metrics, write_health_metrics, write_link_metrics
 from .cgroup import oom_counter_file, oom_evidence, oom_read, read_oom_counters, unit_of
 from .health import HealthProbe, check_url
 from .link import EXIT_PEER_FAILED, DeploymentLink, parse_addr
@@ -129,6 +129,7 @@ class Wrapper:
         self.link: DeploymentLink | None = None
         self.link_stop: dict | None = None  # the link's stop event, when the link (not systemd) stopped the engine
         self.link_key = b""
+        self.barrier: dict | None = None  # the deployment link's barrier while this node waits there
         self.health: HealthProbe | None = None
         self.health_key: str | None = None
         self.unhealthy: dict | None = None  # the probe's snapshot when it stopped the engine
@@ -264,6 +265,7 @@ class Wrapper:
                 "role": "head" if self.link.is_head else "worker",
                 "node": self.link.node,
                 "stopped_by": self.link_stop,
+                "barrier": self.barrier,
             }
         return known
 
@@ -282,14 +284,39 @@ class Wrapper:
             key=self.link_key,
             on_stop=self._on_link_stop,
             log=err,
+            peers=tuple(n for n in (a.link_peers or "").split(",") if n),
+            on_wait=self._on_barrier,
         )
         if a.link_head:
             self.notifier.send(f"STATUS=waiting for the head's wrapper at {a.link_head} (up to {a.link_wait:g} s)")
         try:
-            self.link.start(time.monotonic() + a.link_wait)
+            self.link.start(time.monotonic() + a.link_wait, cancelled=lambda: self.engine.stop_requested)
         except OSError as e:
             return str(e)
+        finally:
+            if self.barrier is not None:  # the record keeps who was missing; the gauge stops counting
+                self._link_metrics({"complete": True})
         return None
+
+    def _on_barrier(self, snap: dict) -> None:
+        """The barrier's wait (a link thread or the main thread, every few seconds and at each change): systemd's
+        status and start timeout (the wait is not a failed start), the live status, the missing-node gauge."""
+        done = bool(snap.get("complete"))
+        with self.lock:
+            self.barrier = None if done else dict(snap)
+            self._write_status()
+        if not done:
+            self.notifier.send(f"STATUS=deployment link: {snap.get('what')}",
+                               f"EXTEND_TIMEOUT_USEC={int(self.args.extend_timeout * 1e6)}")  # fmt: skip
+        self._link_metrics(snap)
+
+    def _link_metrics(self, snap: dict) -> None:
+        if self.args.metrics_dir:
+            try:
+                write_link_metrics(self.args.metrics_dir, snap, unit=unit_of(self.cgroup_text),
+                                   deployment=self.args.deployment or "", node=self.args.link_node)  # fmt: skip
+            except Exception as e:  # metrics never change what the wrapper does
+                err(f"warning: link metrics not written to {self.args.metrics_dir}: {e}")
 
     def _start_link(self) -> int | None:
         """Join the link before the engine starts; the exit code when the engine must not start."""
@@ -309,6 +336,9 @@ class Wrapper:
             code = EXIT_PEER_FAILED if ev and ev["kind"] == "failed" else 0
             verdict = "clean-stop" if ev is None else "peer-failed" if code else "deployment-stopped"
             self._finish(code, verdict, "stopped before the engine started", child=none, oom=None, left=0)
+            if ev is None:  # asked here while the nodes met at the link: the deployment stops with it
+                self.link.engine_ended(False, f"stop requested ({signal_name(self.engine.stop_signal)}) before the "
+                                       "engine started")  # fmt: skip
             self.link.close()
             return code
         return None
@@ -496,13 +526,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "the engine; stop when any node fails or is stopped")  # fmt: skip
     ap.add_argument("--link-key", metavar="CRED", help="the deployment's fabric key, $CREDENTIALS_DIRECTORY/CRED "
                     "(LoadCredential=): nodes prove it on the link (needed by --link-listen/--link-head)")  # fmt: skip
+    ap.add_argument("--link-peers", metavar="NODE,...", help="the head: the other nodes' --link-node names; no "
+                    "engine starts until every one has joined (the barrier: after a failure the nodes meet at the "
+                    "link first), up to --link-wait")  # fmt: skip
     ap.add_argument("--link-node", default=os.uname().nodename, metavar="NAME", help="this node's name on the link")
     ap.add_argument("--link-timeout", type=float, default=5.0, metavar="SEC", help="a peer with no heartbeat this "
                     "long has failed (default 5)")  # fmt: skip
     ap.add_argument("--link-stop-timeout", type=float, default=5.0, metavar="SEC", help="another node failed: SIGKILL "
                     "the engine this long after the stop request (default 5; at most --stop-timeout)")  # fmt: skip
     ap.add_argument("--link-wait", type=float, default=600.0, metavar="SEC", help="a worker waits this long for the "
-                    "head's welcome (default 600)")  # fmt: skip
+                    "head's welcome, the head for its --link-peers (default 600); then exit "
+                    f"{EXIT_PEER_FAILED}, link-failed, naming who is missing")  # fmt: skip
     ap.add_argument("--metrics-dir", metavar="DIR", help="after the record, write the termination as a Prometheus "
                     "text file DIR/llmfleet_engine_<unit>.prom for node_exporter (docs/metrics.md)")  # fmt: skip
     ap.add_argument("--deployment", metavar="NAME", help="the deployment label of the metrics (default: from the "
@@ -549,6 +583,18 @@ def _link_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _peers_problem(args: argparse.Namespace) -> str | None:
+    if args.link_peers is None:
+        return None
+    if not args.link_listen:
+        return "--link-peers names the nodes the head waits for: only with --link-listen"
+    names = args.link_peers.split(",")
+    if not all(re.fullmatch(r"[A-Za-z0-9_.@:-]+", n) for n in names) or args.link_node in names:
+        return (f"--link-peers {args.link_peers!r}: the other nodes' --link-node names, comma-separated (letters, "
+                "digits and _.@:- only; not this node's own)")  # fmt: skip
+    return None
+
+
 def _health_problem(args: argparse.Namespace) -> str | None:
     if not args.health_url:
         return None
@@ -575,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.tail_lines < 0 or args.ready_count < 1 or args.stop_timeout <= 0 or args.extend_timeout <= 0:
         problem = "--tail-lines must be >= 0, --ready-count >= 1, --stop-timeout and --extend-timeout > 0"
     else:
-        problem = _link_problem(args) or _health_problem(args)
+        problem = _link_problem(args) or _peers_problem(args) or _health_problem(args)
     if not problem:
         try:
             re.compile(args.ready_regex or DEFAULT_READY_REGEX)
