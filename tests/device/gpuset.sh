@@ -10,7 +10,8 @@ export PYTHONPATH="$PWD/module_utils${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
 $py - "$out" <<'PY' 2>&1 | tee "$out/gpuset.txt"
 import json, os, subprocess, sys
-from llmfleet import gpuset, topology
+from llmfleet.checks import topology
+from llmfleet.engine import gpuset
 from llmfleet.checks.nccl_check import run_node_ranks, visible_env
 
 out = sys.argv[1]

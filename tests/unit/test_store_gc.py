@@ -125,7 +125,7 @@ def test_abandoned_partials_are_collected_but_not_one_a_live_run_writes(tmp_path
     (mdir / f".partial-{REV3}" / "model.safetensors").write_bytes(b"x" * 100)
     os.chmod(mdir / f".partial-{REV3}", 0o555)  # a crash left it read-only: still collected
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from llmfleet import store; l = store.ModelLock(sys.argv[1], 'r' * 40); "
+        [sys.executable, "-c", "import sys, time; from llmfleet.stage import store; l = store.ModelLock(sys.argv[1], 'r' * 40); "
          "l.acquire(); print('locked', flush=True); time.sleep(60)", str(mdir)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

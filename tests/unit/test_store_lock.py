@@ -134,7 +134,7 @@ def test_a_killed_holder_never_blocks(tmp_path, src):
     mdir = tmp_path / "nvme" / "m"
     mdir.mkdir(parents=True)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from llmfleet import store; store.ModelLock(sys.argv[1]).acquire(); "
+        [sys.executable, "-c", "import sys, time; from llmfleet.stage import store; store.ModelLock(sys.argv[1]).acquire(); "
          "print('locked', flush=True); time.sleep(60)", str(mdir)], stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(LockedError):
