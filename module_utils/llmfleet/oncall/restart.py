@@ -1,6 +1,6 @@
 """`llmfleet restart [-i INV] [DEPLOYMENT] [--timeout S] [--ready-timeout S]`: the deployment as one unit of restart.
 
-`llmfleet stop` (ordered, bounded, oncall_stop.py); then, only when every node stopped, start in rank order
+`llmfleet stop` (ordered, bounded, stop.py); then, only when every node stopped, start in rank order
 (the head's engine first, then each other node, then the P/D router where there is one; `systemctl
 reset-failed` + `start --no-block`, since a Type=notify start blocks until READY and the head cannot be READY
 before its workers join), then wait until every unit is active (the wrapper sent READY) or one fails, with a

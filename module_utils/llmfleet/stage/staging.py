@@ -10,8 +10,8 @@ space, copy or repair, publish, switch `current`, GC) and where the source revis
     store.py           the on-disk revision store: partial dir + journal, records, publish, repair,
                        current, the per-model lock, GC
     transfer.py        copying from shared storage or a peer: hashing, threads, rate limit
-    stage_progress.py  the progress file and its line
-    stage_errors.py    StageError, DiskFullError, LeaseLostError, LockedError
+    progress.py        the progress file and its line
+    errors.py          StageError, DiskFullError, LeaseLostError, LockedError
 
 Stdlib only (runs inside an Ansible module on the node and in the CLI).
 """

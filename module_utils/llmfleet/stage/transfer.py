@@ -4,7 +4,7 @@ copy threads under a shared rate limit. A local file is copied by the kernel (co
 each chunk hashed from the destination's own pages; a peer's bytes are read, hashed and written.
 
 Where the files go and what is kept is the store's (store.py); which sources to try, in which
-order, is the caller's (stage.py, swarm.py).
+order, is the caller's (staging.py, swarm.py).
 Stdlib only (runs inside an Ansible module on the node and in the CLI).
 """
 

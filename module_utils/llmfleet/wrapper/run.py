@@ -85,7 +85,7 @@ from .secretfiles import (
     secret_forms,
 )
 
-__all__ = [  # what other modules and tests import from here (the names wrapper.py has always had)
+__all__ = [  # what other modules and tests import from here (the names the wrapper module has always had)
     "DEFAULT_READY_REGEX", "ERROR_PATTERN", "EXIT_NOT_EXECUTABLE", "EXIT_NOT_FOUND", "EXIT_PEER_FAILED",
     "EXIT_UNHEALTHY", "EXIT_UNREQUESTED", "EXIT_USAGE",
     "EXTEND_EVERY_S", "FORWARDED_SIGNALS", "LEFTOVER_WAIT_S", "LINE_KEEP", "MAX_LINE", "MIN_SECRET_PART",

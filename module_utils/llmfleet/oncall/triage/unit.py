@@ -1,6 +1,6 @@
 """One unit of ``llmfleet why``: its journal cut into runs (a restart starts a new one), how each run ended (the
-*mechanism*, triage_run.py), what caused it (the *cause*: the engine's tracebacks, a dead worker, NCCL, and the
-kernel's events as triage_kernel.py sorts them), and the red herrings with why they are not the cause. The first
+*mechanism*, run.py), what caused it (the *cause*: the engine's tracebacks, a dead worker, NCCL, and the
+kernel's events as kernel.py sorts them), and the red herrings with why they are not the cause. The first
 failed run is the unit's verdict. Stdlib only, Python >= 3.8.
 """
 

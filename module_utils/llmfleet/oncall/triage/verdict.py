@@ -4,8 +4,8 @@ A bundle (docs/runbook.md "Why did it die"; layout in BUNDLE_LAYOUT) holds per n
 log, ``systemctl show`` and the wrapper's termination record. ``analyse(DIR)`` returns one verdict per unit (cause,
 time, evidence lines with file:line, red herrings ruled out and why) and, across the nodes of one deployment (the
 same unit name), which node failed first: later peers' errors are its consequences. The files are read by
-triage_parse.py; one unit is judged by triage_unit.py (how each run ended: triage_run.py; the kernel's events:
-triage_kernel.py); what lines mean is in triage_rules.py. Stdlib only, Python >= 3.8.
+parse.py; one unit is judged by unit.py (how each run ended: run.py; the kernel's events:
+kernel.py); what lines mean is in rules.py. Stdlib only, Python >= 3.8.
 """
 
 from __future__ import annotations
