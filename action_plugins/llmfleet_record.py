@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import tempfile
 
 from ansible.errors import AnsibleActionFail
@@ -13,6 +14,9 @@ from ansible.plugins.action import ActionBase
 from ansible.plugins.filter.core import to_nice_json
 
 # Documented by the stub module library/llmfleet_record.py (ansible-doc reads modules there).
+
+# The run's id (playbooks/run_start.yml makes it once per run: UTC start stamp and a random suffix).
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
 
 def argument_spec() -> dict:
@@ -26,15 +30,29 @@ def argument_spec() -> dict:
     }
 
 
-def render(content, stamp: bool, now: datetime.datetime | None = None) -> str:
+def render(content, stamp: bool, now: datetime.datetime | None = None, run_id: str | None = None) -> str:
     """The file's text: JSON as to_nice_json writes it (sorted keys, indent 4) plus a newline; with stamp, the
-    record carries `generated_at` (UTC, seconds) - the one place that formats it."""
+    record carries `generated_at` (UTC, seconds) - the one place that formats it. A mapping written during a
+    run carries that run's `run_id` (the report reads only the newest run's records)."""
     if stamp:
         if not isinstance(content, dict):
             raise AnsibleActionFail("stamp=true adds generated_at to a record: give content as a mapping")
         when = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
         content = {**content, "generated_at": when}
+    if run_id and isinstance(content, dict):
+        content = {**content, "run_id": run_id}
     return to_nice_json(content) + "\n"
+
+
+def run_id_of(task_vars: dict | None) -> str | None:
+    """This run's id (llmfleet_run_id, set once at the start of the play), None outside a run."""
+    rid = (task_vars or {}).get("llmfleet_run_id")
+    if rid in (None, ""):
+        return None
+    if not isinstance(rid, str) or not RUN_ID_RE.match(rid):
+        raise AnsibleActionFail(f"llmfleet_run_id {rid!r}: not a run id (playbooks/run_start.yml makes it; do not set "
+                                "it in the inventory or with -e)")  # fmt: skip
+    return rid
 
 
 def write(directory: str, name: str, text: str, mode: int, check: bool) -> bool:
@@ -79,7 +97,7 @@ class ActionModule(ActionBase):
             mode = int(str(args["mode"]), 8)
         except ValueError:
             raise AnsibleActionFail(f"mode {args['mode']!r}: give an octal file mode such as '0644'") from None
-        text = render(args["content"], args["stamp"])
+        text = render(args["content"], args["stamp"], run_id=run_id_of(task_vars))
         path = os.path.join(args["dir"], name)
         try:
             changed = write(args["dir"], name, text, mode, bool(self._task.check_mode))

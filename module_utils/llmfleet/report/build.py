@@ -6,9 +6,13 @@ files the roles write flat in the report directory (docs/report.md lists them an
     path = publish(report_dir, deployment, model)  # <dir>/<deployment>/<UTC stamp>/, then `latest`
     summary_lines(model)                         # pass / fail per step, for the terminal
 
-A missing record is a section "not run in this report"; a record from an earlier run (older than this
-deployment's engine gate) is treated the same and named; a record that is not JSON, or not of the shape
-this version reads, is named in the report as an error. None of them raises.
+Every record a run writes carries the run's id (`run_id`); run-<deployment>.json names the newest run, the
+steps it was to take and where it stopped. The report reads that run's records only: a step the run did not
+reach is "not run in this run (it stopped at <step> on <node>)", a record of an earlier run (or one without a
+run id, written before llmfleet kept them) is named and left out. Records without any run id are read the older
+way: a missing record is a section "not run in this report", a record older than this deployment's engine gate
+is another run's. A record that is not JSON, or not of the shape this version reads, is named in the report as
+an error. None of them raises.
 
 Ops host only (Jinja2); imported by the CLI, never by a module.
 """
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..fleet_inventory import DEPLOYMENT_RE
+from ..facts import DEPLOYMENT_RE
 from . import sections as rs
 
 SCHEMA = "llmfleet.report/1"
@@ -67,6 +71,16 @@ STEPS = (
     ("acceptance", "acceptance"),
     ("bench", "bench"),
 )
+# A section's step in a run record's `steps` (what the playbook takes) and that step's tag (its role's name).
+SECTION_STEP = {"preflight": "preflight", "topology": "topology", "staging": "staging", "nccl": "nccl",
+                "engine": "timeline", "timeline": "timeline", "speculative": "timeline", "metrics": "timeline",
+                "acceptance": "acceptance", "bench": "bench"}  # fmt: skip
+STEP_TAG = {"preflight": "preflight", "topology": "topology", "staging": "model_stage", "nccl": "nccl_check",
+            "timeline": "engine", "acceptance": "acceptance", "bench": "bench"}  # fmt: skip
+# Where a run stopped, by the role of the failed task (the run record's `stopped.role`).
+ROLE_STEP = {"preflight": "preflight", "base": "node runtime (base)", "topology": "topology",
+             "model_stage": "staging", "nccl_check": "nccl check", "engine": "engine", "acceptance": "acceptance",
+             "bench": "bench", "report": "report", "llmfleet": "the fleet contract's inventory checks"}  # fmt: skip
 BEFORE_ENGINE = {"inventory", "preflight", "topology", "staging", "nccl"}
 AFTER_ENGINE = {"acceptance", "bench"}
 SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
@@ -155,7 +169,8 @@ def infer_deployment(report_dir: str | os.PathLike) -> str:
 
 
 def _report_dir(report_dir: str | os.PathLike) -> Path:
-    d = Path(report_dir)
+    # normalised: the roles' default is <playbook_dir>/../reports, a path no reader should have to undo
+    d = Path(os.path.normpath(report_dir))
     if not d.is_dir():
         raise ReportError(f"report directory {d} does not exist: give --dir (the inventory's llmfleet_report_dir)")
     return d
@@ -168,21 +183,24 @@ def _check_name(deployment: str) -> None:
 
 
 def _stage_record(d: Path, engine: Record | None, endpoint: Record | None) -> tuple[Record | None, str]:
-    """The staging record of the deployment's model: stage-<name>.json, the name being the model directory of
-    the pinned path (…/<model>/<revision>) or the served model; the only one when nothing names the model."""
-    names = []
+    """The staging record of the deployment's model: the stage-<model>.json of the revision the engine's records
+    name, else the one of the served model's name; the only one when nothing names the model."""
+    revisions, names = set(), []
     for rec in (engine, endpoint):
         data = (rec.data if rec else None) or {}
-        path = str(data.get("model_path") or "")
-        if rs.revision_of(path):
-            names.append(os.path.basename(os.path.dirname(path.rstrip("/"))))
+        if data.get("revision"):
+            revisions.add(str(data["revision"]))
         if data.get("model"):
             names.append(str(data["model"]))
+    found = sorted(p.name for p in d.glob("stage-*.json"))
+    for n in found if revisions else []:
+        rec = load_record(d, n)
+        if rec and str((rec.data or {}).get("revision")) in revisions:
+            return rec, ""
     for n in names:
         rec = load_record(d, f"stage-{n}.json")
         if rec:
             return rec, ""
-    found = sorted(p.name for p in d.glob("stage-*.json"))
     if not names and len(found) == 1:
         return load_record(d, found[0]), ""
     if found:
@@ -190,6 +208,92 @@ def _stage_record(d: Path, engine: Record | None, endpoint: Record | None) -> tu
             ", ".join(found) + ")"
         )
     return None, ""
+
+
+@dataclass
+class Run:
+    """The newest run of a deployment: run-<deployment>.json (its id, playbook, steps, tags and where it stopped),
+    or, without that record, the newest run id the records carry."""
+
+    id: str
+    data: dict
+    source: str
+
+    def label(self) -> str:
+        pb = self.data.get("playbook")
+        return f"run {self.id}" + (f" ({pb})" if pb else "")
+
+    def planned(self, step: str) -> bool:
+        """Whether the run was to take this step (its playbook's steps, less what --tags/--skip-tags left out)."""
+        steps = self.data.get("steps")
+        if not isinstance(steps, list):
+            return True  # unknown: no run record
+        if step not in steps:
+            return False
+        tag = STEP_TAG.get(step, step)
+        tags = [str(t) for t in self.data.get("tags") or ["all"]]
+        skip = [str(t) for t in self.data.get("skip_tags") or []]
+        return ("all" in tags or tag in tags) and tag not in skip
+
+    def stop(self) -> dict | None:
+        st = self.data.get("stopped")
+        return st if isinstance(st, dict) and st.get("node") else None
+
+    def stop_text(self) -> str | None:
+        st = self.stop()
+        if st is None:
+            return None
+        role = str(st.get("role") or "")
+        return f"it stopped at {ROLE_STEP.get(role, role or st.get('task') or '?')} on {st['node']}"
+
+    def why_missing(self, step: str, other: str | None) -> str:
+        if not self.planned(step):
+            tags = self.data.get("tags") or []
+            sel = f" with --tags {','.join(map(str, tags))}" if tags and "all" not in tags else ""
+            skip = self.data.get("skip_tags") or []
+            sel += f" --skip-tags {','.join(map(str, skip))}" if skip else ""
+            why = f"{self.data.get('playbook') or 'the run'}{sel} does not take this step"
+            if step == "bench":
+                why += " (playbooks/bench.yml does)"
+        elif self.stop_text():
+            why = self.stop_text() or ""
+        elif self.data.get("outcome") == "completed":
+            why = "the run completed without writing this step's record"
+        elif self.data:
+            why = "no record of this step from the run: it did not get this far, was interrupted, or is still running"
+        else:
+            why = "no record of this step carries this run's id"
+        return why + (f"; {other}" if other else "")
+
+    def own(self, rec: Record | None) -> tuple[Record | None, str | None]:
+        """(rec, None) when rec is this run's (or unreadable: its error is shown), else (None, why it is left out)."""
+        if rec is None or rec.data is None:
+            return rec, None
+        rid = rec.data.get("run_id")
+        if rid == self.id:
+            return rec, None
+        if not rid:
+            return None, f"{rec.name} has no run id: written by an earlier run, before llmfleet kept run ids"
+        return None, f"{rec.name} is from an earlier run ({rid})"
+
+    def model(self) -> dict[str, Any]:
+        st = self.stop()
+        return {"id": self.id, "source": self.source, "playbook": self.data.get("playbook"),
+                "started_at": self.data.get("started_at"), "finished_at": self.data.get("finished_at"),
+                "outcome": self.data.get("outcome"),
+                "stopped": {**st, "step": ROLE_STEP.get(str(st.get("role") or ""), st.get("role"))} if st else None,
+                "steps": self.data.get("steps"), "tags": self.data.get("tags"),
+                "skip_tags": self.data.get("skip_tags")}  # fmt: skip
+
+
+def newest_run(d: Path, deployment: str, recs: list[Record | None]) -> Run | None:
+    """The run the report is about: run-<deployment>.json's, else the newest run id of the records (ids begin
+    with the run's UTC start), else None (records written before llmfleet kept run ids)."""
+    rec = load_record(d, f"run-{deployment}.json")
+    if rec is not None and rec.data is not None and isinstance(rec.data.get("run_id"), str) and rec.data["run_id"]:
+        return Run(rec.data["run_id"], rec.data, rec.name)
+    ids = sorted(str(r.data["run_id"]) for r in recs if r is not None and r.data and r.data.get("run_id"))
+    return Run(ids[-1], {}, "the newest run id of the records") if ids else None
 
 
 def _stale_reason(sid: str, rec: Record, anchor: Record | None, max_age_s: float, endpoint: dict | None) -> str | None:
@@ -225,12 +329,14 @@ def _section(
     max_age_s: float = MAX_AGE_S,
     endpoint: dict | None = None,
     optional: bool = False,
+    run: Run | None = None,
 ) -> dict[str, Any]:
-    """One section from its records (the first is the one it cannot do without unless `optional`)."""
+    """One section from its records (the first is the one it cannot do without unless `optional`). With a run,
+    the records are that run's already (the others left out and said in `missing`)."""
     title, question = next((t, q) for i, t, q in SECTIONS if i == sid)
     sec: dict[str, Any] = {"id": sid, "title": title, "question": question, "status": "not-run", "reason": "",
-                           "summary": "not run in this report", "warnings": [], "sources": [], "generated_at": None,
-                           "time_source": None}  # fmt: skip
+                           "summary": "not run in this run" if run else "not run in this report", "warnings": [],
+                           "sources": [], "generated_at": None, "time_source": None}  # fmt: skip
     present = [r for r in recs if r is not None]
     main = recs[0]
     if main is None and (not optional or not present):
@@ -240,7 +346,7 @@ def _section(
     if main is not None and main.error:
         sec.update(status="error", summary=f"{main.name} {main.error}", sources=[main.name])
         return sec
-    stale = _stale_reason(sid, main, anchor, max_age_s, endpoint) if main is not None else None
+    stale = _stale_reason(sid, main, anchor, max_age_s, endpoint) if main is not None and run is None else None
     if stale:
         sec["reason"] = stale
         return sec
@@ -275,30 +381,65 @@ def collect(
     accept = load_record(d, f"acceptance-{deployment}.json", ("started_at",))
     bench = load_record(d, f"bench-{deployment}/results.json", ("finished", "started"))
     stage, stage_why = _stage_record(d, engine, endpoint)
-    anchor = engine if engine is not None and engine.data is not None else None
+    run = newest_run(d, deployment, [fleet, pre, topo, nccl, endpoint, engine, accept, bench, stage])
+    missing = {
+        "inventory": f"no fleet-summary.json, preflight.json or {deployment} record in {d}",
+        "preflight": f"no preflight.json in {d}",
+        "topology": f"no topology.json in {d}",
+        "staging": stage_why or f"no stage-<model>.json in {d}",
+        "nccl": f"no nccl-check.json in {d}",
+        "engine": f"no engine-{deployment}.json in {d}",
+        "acceptance": f"no acceptance-{deployment}.json in {d}",
+        "bench": f"no bench-{deployment}/results.json in {d}",
+        "metrics": f"no endpoint-{deployment}.json or engine-{deployment}.json in {d}",
+    }
+    for k in ("timeline", "speculative"):
+        missing[k] = missing["engine"]
+    if run is not None:
+        # This run's records only: the others are left out, and each section says why.
+        left: dict[str, str] = {}
+        kept = {}
+        for key, rec in (("fleet", fleet), ("pre", pre), ("topo", topo), ("nccl", nccl), ("endpoint", endpoint),
+                         ("engine", engine), ("accept", accept), ("bench", bench), ("stage", stage)):  # fmt: skip
+            kept[key], why = run.own(rec)
+            if why:
+                left[key] = why
+        fleet, pre, topo, nccl = kept["fleet"], kept["pre"], kept["topo"], kept["nccl"]
+        endpoint, engine, accept, bench, stage = (kept[k] for k in ("endpoint", "engine", "accept", "bench", "stage"))
+        own_key = {"inventory": "fleet", "preflight": "pre", "topology": "topo", "staging": "stage", "nccl": "nccl",
+                   "engine": "engine", "timeline": "engine", "speculative": "engine", "acceptance": "accept",
+                   "bench": "bench", "metrics": "endpoint"}  # fmt: skip
+        for sid, key in own_key.items():
+            step = SECTION_STEP.get(sid)
+            if step is None:  # the inventory: whatever this run recorded
+                missing[sid] = f"no record of this run ({run.id}) describes the nodes"
+            else:
+                missing[sid] = run.why_missing(step, left.get(key) or (missing[sid] if key == "stage" and stage_why
+                                                                      else None))  # fmt: skip
+    anchor = engine if engine is not None and engine.data is not None and run is None else None
     ep = endpoint.data if endpoint is not None else None
-    common = {"anchor": anchor, "max_age_s": max_age_s, "endpoint": ep}
+    common = {"anchor": anchor, "max_age_s": max_age_s, "endpoint": ep, "run": run}
 
     def ok(rec: Record | None) -> Record | None:  # records another section borrows from: only this run's
         if rec is None or rec.error:
             return None
         sid = "preflight" if rec.name == "preflight.json" else "inventory"
-        return None if _stale_reason(sid, rec, anchor, max_age_s, ep) else rec
+        return None if run is None and _stale_reason(sid, rec, anchor, max_age_s, ep) else rec
 
     sections = [
         _section("inventory", [fleet, ok(pre), endpoint, engine, ok(stage)], rs.inventory, optional=True,
-                 missing=f"no fleet-summary.json, preflight.json or {deployment} record in {d}", **common),
-        _section("preflight", [pre], rs.preflight, missing=f"no preflight.json in {d}", **common),
-        _section("topology", [topo], rs.topology, missing=f"no topology.json in {d}", **common),
-        _section("staging", [stage], rs.staging, missing=stage_why or f"no stage-<model>.json in {d}", **common),
-        _section("nccl", [nccl], rs.nccl, missing=f"no nccl-check.json in {d}", **common),
-        _section("engine", [engine], rs.engine, missing=f"no engine-{deployment}.json in {d}", **common),
-        _section("timeline", [engine], rs.timeline, missing=f"no engine-{deployment}.json in {d}", **common),
-        _section("speculative", [engine], rs.speculative, missing=f"no engine-{deployment}.json in {d}", **common),
-        _section("acceptance", [accept], rs.acceptance, missing=f"no acceptance-{deployment}.json in {d}", **common),
-        _section("bench", [bench], rs.bench, missing=f"no bench-{deployment}/results.json in {d}", **common),
-        _section("metrics", [endpoint, engine], rs.scrape_targets, optional=True,
-                 missing=f"no endpoint-{deployment}.json or engine-{deployment}.json in {d}", **common),
+                 missing=missing["inventory"], **common),
+        _section("preflight", [pre], rs.preflight, missing=missing["preflight"], **common),
+        _section("topology", [topo], rs.topology, missing=missing["topology"], **common),
+        _section("staging", [stage], rs.staging, missing=missing["staging"], **common),
+        _section("nccl", [nccl], rs.nccl, missing=missing["nccl"], **common),
+        _section("engine", [engine], rs.engine, missing=missing["engine"], **common),
+        _section("timeline", [engine], rs.timeline, missing=missing["timeline"], **common),
+        _section("speculative", [engine], rs.speculative, missing=missing["speculative"], **common),
+        _section("acceptance", [accept], rs.acceptance, missing=missing["acceptance"], **common),
+        _section("bench", [bench], rs.bench, missing=missing["bench"], **common),
+        _section("metrics", [endpoint, engine], rs.scrape_targets, optional=True, missing=missing["metrics"],
+                 **common),
     ]  # fmt: skip
     by_id = {s["id"]: s for s in sections}
     if by_id["engine"]["status"] in ("pass", "fail"):
@@ -319,8 +460,9 @@ def collect(
         "steps": [_step(by_id, sid, name) for sid, name in STEPS],
         "other_deployments": [n for n in _deployments(d) if n != deployment],
         "has_own_records": any(r is not None for r in (endpoint, engine, accept, bench)),
+        "run": run.model() if run else None,
     }
-    model.update(_verdict(by_id))
+    model.update(_verdict(by_id, run))
     return model
 
 
@@ -358,13 +500,32 @@ def _failure_box(sec: dict[str, Any]) -> dict[str, Any]:
     return box
 
 
-def _verdict(by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """pass: no step failed and the engine answered correctly and acceptance passed; fail: a step failed;
-    incomplete: nothing failed but the engine or acceptance did not run here, or a record is unreadable."""
+def _stop_box(run: Run) -> dict[str, Any] | None:
+    """The failure at the top of the page from where the run stopped (a failed task with no record of its own
+    step, e.g. the engine's flag check): the step, node, task and message."""
+    st = run.stop()
+    if st is None:
+        return None
+    role = str(st.get("role") or "")
+    step = ROLE_STEP.get(role, role or "a task")
+    where = f"{run.label()}: it stopped at {step} on {st.get('node')}"
+    return {"step": role or "run", "title": step, "verdict": str(st.get("message") or "failed"),
+            "node": st.get("node"), "rank": None, "first_error": None, "log_tail": [],
+            "details": [f"task: {st.get('task')}", where]}  # fmt: skip
+
+
+def _verdict(by_id: dict[str, dict[str, Any]], run: Run | None = None) -> dict[str, Any]:
+    """pass: no step failed and the engine answered correctly and acceptance passed; fail: a step failed (or the
+    run stopped at a failed task); incomplete: nothing failed but the engine or acceptance did not run here, or a
+    record is unreadable."""
     order = ["preflight", "topology", "staging", "nccl", "engine", "acceptance", "bench"]
     failed = [by_id[s] for s in order if by_id[s]["status"] == "fail"]
-    if failed:
+    stop = _stop_box(run) if run else None
+    if failed or stop:
         boxes = [_failure_box(s) for s in failed]
+        if stop and not any(b["step"] == stop["step"] or (stop["step"] == "engine" and b["step"] == "timeline")
+                            for b in boxes):  # fmt: skip
+            boxes.insert(0, stop)  # the run stopped before any failed record: the stop comes first
         first = boxes[0]
         where = f" on {first['node']}" + (f" ({first['rank']})" if first["rank"] else "") if first["node"] else ""
         return {"status": "fail", "verdict": f"FAIL at {first['title'].lower()}{where}: {first['verdict']}",
@@ -374,7 +535,9 @@ def _verdict(by_id: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if missing or errors:
         why = []
         if missing:
-            why.append(f"{' and '.join(missing)} not run in this report")
+            why.append(f"{' and '.join(missing)} not run in this " + ("run" if run else "report"))
+            if run and run.data and not run.data.get("outcome"):
+                why.append(f"{run.label()} has not ended (interrupted, or still running)")
         if errors:
             why.append(f"unreadable record for {', '.join(errors)}")
         return {"status": "incomplete", "verdict": "INCOMPLETE: no step failed, but " + "; ".join(why),
@@ -534,11 +697,15 @@ def summary_lines(model: dict[str, Any], width: int = 118) -> list[str]:
         return line if len(line) <= width else line[: width - 3].rstrip() + "..."
 
     out = [fit(f"deployment {model['deployment']}: {model['verdict']}")]
+    run = model.get("run")
+    if run:
+        started = f", started {run['started_at']}" if run.get("started_at") else ""
+        out.append(fit(f"  run {run['id']}" + (f" ({run['playbook']}{started})" if run.get("playbook") else "")))
     for st in model["steps"]:
         status = {"not-run": "not run"}.get(st["status"], st["status"]).upper()
         text = st["reason"] if st["status"] == "not-run" else st["summary"]
         if st["status"] == "not-run":
-            text = "not run in this report" + (f" ({text})" if text else "")
+            text = ("not run in this run" if run else "not run in this report") + (f" ({text})" if text else "")
         out.append(fit(f"  {st['name']:<18} {status:<8} {text}"))
     out += [fit(f"  record problem: {p['file']} {p['error']}") for p in model["problems"]]
     return out

@@ -91,6 +91,35 @@ def plausible(name: str, schema: Any) -> Any:  # noqa: PLR0911 (one return per J
     return f"example {name}"
 
 
+def tool_arguments(params: dict[str, Any], user: str) -> dict[str, Any]:
+    """A call's arguments: a function of two numbers asked about a product (multiply(a, b) for "37 times 19") gets the
+    product's factors, as a model that can multiply would; anything else a plausible value per parameter."""
+    props = params.get("properties") or {}
+    required = params.get("required") or []
+    numeric = [k for k in required if (props.get(k) or {}).get("type") in ("integer", "number")]
+    m = MUL_RE.search(user)
+    if m and len(numeric) == 2:
+        factors = dict(zip(numeric, (int(m.group(1)), int(m.group(2))), strict=True))
+        return {k: factors.get(k, plausible(k, props.get(k, {}))) for k in required}
+    return {k: plausible(k, props.get(k, {})) for k in required}
+
+
+def structured(schema: Any, answer: str) -> Any:
+    """Structured output (response_format json_schema): a document valid against the schema, each number in it
+    the question's answer where that is a number ({"product": 703} for "37 times 19? Answer in JSON")."""
+    schema = schema if isinstance(schema, dict) else {}
+    kind = schema.get("type")
+    if kind == "object":
+        props = schema.get("properties") or {}
+        keys = schema.get("required") or list(props)
+        return {k: structured(props.get(k, {}), answer) for k in keys}
+    if kind in ("integer", "number") and re.fullmatch(r"-?\d+", answer):
+        return int(answer)
+    if kind == "string":
+        return answer
+    return plausible("value", schema)
+
+
 def text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -163,10 +192,20 @@ def chat_gen(req: dict[str, Any], cfg: dict[str, Any]) -> Gen:
     prompt_tokens = 3 + sum(4 + ntokens(text_of(m.get("content"))) for m in msgs)
     budget = _budget(req, cfg, prompt_tokens)
     user = next((text_of(m.get("content")) for m in reversed(msgs) if m.get("role") == "user"), "")
+    if msgs[-1].get("role") == "tool":
+        # The call's result came back: the model answers with it and calls nothing more.
+        answer = text_of(msgs[-1].get("content")).strip() or FIXED_ANSWER
+        content, used = cut_tokens(answer, budget)
+        return Gen(content, None, [], "length" if used < ntokens(answer) else "stop", prompt_tokens, used)
+    rf = req.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") == "json_schema":
+        doc = json.dumps(structured((rf.get("json_schema") or {}).get("schema"), answer_for(user)))
+        content, used = cut_tokens(doc, budget)
+        return Gen(content, None, [], "length" if used < ntokens(doc) else "stop", prompt_tokens, used)
     func = _pick_tool(req, cfg, user)
     if func is not None:
         params = func.get("parameters") or {}
-        args = {k: plausible(k, (params.get("properties") or {}).get(k, {})) for k in params.get("required") or []}
+        args = tool_arguments(params, user)
         call_args = json.dumps(args, ensure_ascii=False)
         if cfg["flavour"] == "sglang" and not cfg.get("tool_parser"):
             raw = f'<tool_call>\n{{"name": "{func["name"]}", "arguments": {call_args}}}\n</tool_call>'

@@ -1,0 +1,98 @@
+"""The run id, end to end through real ansible-playbook on this host (connection local): playbooks/run_start.yml
+makes it once and writes run-<deployment>.json, the llmfleet_record action adds it to every record of the run, the
+run callback (playbooks/callback_plugins/llmfleet_run.py) adds where the run stopped, and the report reads that run
+only. The playbook beside run_start.yml is a stand-in for site.yml: a role that writes its record, then one that
+fails (as the engine's flag check does, before any record of its own)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmfleet.report import build as report
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOK = """\
+- name: Start the run
+  ansible.builtin.import_playbook: run_start.yml
+  vars:
+    llmfleet_run_playbook: site.yml
+    llmfleet_run_steps: [preflight, timeline, acceptance]
+
+- name: A step that writes its record
+  hosts: llmfleet_nodes
+  gather_facts: false
+  roles: [preflight]
+
+- name: A step that fails
+  hosts: llmfleet_nodes
+  gather_facts: false
+  roles: [engine]
+"""
+PREFLIGHT = """\
+- name: Write preflight.json
+  llmfleet_record:
+    dir: "{{ llmfleet_report_dir }}"
+    name: preflight.json
+    content: {status: pass, failed_nodes: [], rows: []}
+  delegate_to: localhost
+  run_once: true
+"""
+ENGINE = """\
+- name: Validate the engine flags
+  ansible.builtin.fail:
+    msg: "unrecognized arguments: --enable-metricz (did you mean --enable-metrics?)"
+  when: fail_engine | bool
+"""
+
+
+def play(tmp_path: Path, fail: bool) -> subprocess.CompletedProcess:
+    pb = tmp_path / "playbooks"
+    if not pb.exists():
+        pb.mkdir()
+        shutil.copy(ROOT / "playbooks/run_start.yml", pb)
+        shutil.copytree(ROOT / "playbooks/callback_plugins", pb / "callback_plugins",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        (pb / "site.yml").write_text(PLAYBOOK)
+        for role, text in (("preflight", PREFLIGHT), ("engine", ENGINE)):
+            (tmp_path / "roles" / role / "tasks").mkdir(parents=True)
+            (tmp_path / "roles" / role / "tasks/main.yml").write_text(text)
+        (tmp_path / "hosts.ini").write_text("[llmfleet_nodes]\nnode1 ansible_connection=local\n")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(tmp_path / "roles"),
+           "ANSIBLE_PYTHON_INTERPRETER": sys.executable, "ANSIBLE_HOME": str(tmp_path / ".ansible"),
+           "ANSIBLE_NOCOLOR": "1"}  # fmt: skip
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"), str(pb / "site.yml"),
+            "-e", f"llmfleet_report_dir={tmp_path / 'reports'}", "-e", "llmfleet_deployment=demo",
+            "-e", f"fail_engine={fail}"]  # fmt: skip
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.skipif(shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) is None,
+                    reason="needs ansible-playbook in the venv")  # fmt: skip
+def test_every_record_carries_the_run_id_and_the_run_record_says_where_it_stopped(tmp_path):
+    ok = play(tmp_path, fail=False)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
+    d = tmp_path / "reports"
+    first = json.loads((d / "run-demo.json").read_text())
+    assert first["outcome"] == "completed" and first["stopped"] is None and first["playbook"] == "site.yml"
+    assert json.loads((d / "preflight.json").read_text())["run_id"] == first["run_id"]
+
+    bad = play(tmp_path, fail=True)
+    assert bad.returncode != 0
+    run = json.loads((d / "run-demo.json").read_text())
+    assert run["run_id"] != first["run_id"] and run["run_id"] > first["run_id"][:16]
+    assert json.loads((d / "preflight.json").read_text())["run_id"] == run["run_id"]  # once per run, every record
+    assert run["outcome"] == "failed"
+    assert run["stopped"]["node"] == "node1" and run["stopped"]["role"] == "engine"
+    assert "--enable-metricz" in run["stopped"]["message"]
+    assert run["stopped"]["task"].endswith("Validate the engine flags")
+
+    m = report.collect(d, "demo")
+    assert m["status"] == "fail" and m["verdict"].startswith("FAIL at engine on node1: unrecognized arguments")
+    by = {s["id"]: s for s in m["steps"]}
+    assert by["preflight"]["status"] == "pass"
+    assert by["acceptance"]["reason"] == "it stopped at engine on node1"
