@@ -264,7 +264,7 @@ class DeploymentLink:
         since, said = time.monotonic(), {}
         while not cancelled():
             try:
-                sock = socket.create_connection((host, port), timeout=min(self.timeout, 5.0))
+                sock = socket.create_connection((host, port), timeout=min(self.timeout, 2.0))  # next try sooner
                 conn = _Conn(sock, self.timeout)
                 problem = self._worker_handshake(conn)
                 answer = None if problem else conn.readline()
