@@ -735,3 +735,79 @@ def test_the_tail_of_a_clean_stop_cut_by_the_bundles_window_is_not_the_first_fai
     u = _unit(report, "n1")
     assert u["verdict"] != "unknown" and u["failed"], u
     assert report["first_failure"]["at_iso"].endswith("03:00:20Z"), report["first_failure"]
+
+
+def _lost_bundle(tmp_path, nodes, head_gone=False):
+    """A partition cut n2 off: the head lost n2 first-hand, told n3/n4 (who name n2 too), n2 lost the head. Every
+    record is the link's (peer-failed), and the head's came first by the clocks."""
+    rows = {}
+    for node, hms, peer, reason in (
+        ("n1", "03:05:01", "n2", "lost contact with n2's wrapper (connection closed or no heartbeat for 5 s)"),
+        ("n2", "03:05:02", "head", "lost contact with the head's wrapper at 10.0.0.1:50082: connection closed or no "
+                                   "heartbeat for 5 s"),
+        ("n3", "03:05:03", "n2", "lost contact with n2's wrapper (connection closed or no heartbeat for 5 s)"),
+        ("n4", "03:05:03", "n2", "lost contact with n2's wrapper (connection closed or no heartbeat for 5 s)"),
+    ):  # fmt: skip
+        if node not in nodes:
+            continue
+        rows[node] = (node, peer, reason, [
+            ("03:00:00", "sd", "Starting eng..."),
+            (hms, "u", f"llmfleet exec: link: {peer} failed ({reason}); stopping this node's engine with the deployment"),
+            (hms, "u", f"llmfleet exec: peer-failed: exit 75: stopped with the deployment: {peer} failed first"),
+            (hms, "sd", "e.service: Main process exited, code=exited, status=75/TEMPFAIL"),
+        ])  # fmt: skip
+    b = _bundle(tmp_path, {n: {"units": {"e.service": (r[3], FAILED)}} for n, r in rows.items()})
+    for node, peer, reason, _ in rows.values():
+        _record(tmp_path / node / "termination-e.service.json", started_at=1796094000.0, ended_at=1796094304.0,
+                verdict="peer-failed", exit_code=75, stop_requested=True,
+                link={"role": "head" if node == "n1" else "worker", "node": node,
+                      "stopped_by": {"kind": "failed", "node": peer, "reason": reason}})  # fmt: skip
+    return b
+
+
+def test_a_partition_names_the_node_the_others_lost_not_the_first_record(tmp_path, capsys):
+    """Before: 'first failure on n1 (stopped: another node failed)', n1 a consequence of n2 and n2 of the head, a
+    circle. The witnesses decide: three nodes lost n2, one (n2) lost the head."""
+    report = triage.analyse(_lost_bundle(tmp_path, ("n1", "n2", "n3", "n4")))
+    first = report["first_failure"]
+    assert first["node"] == "n2", json.dumps(first)
+    assert "the other nodes lost contact with n2 (3 witness(es): n1, n3, n4)" in first["cause"], first["cause"]
+    assert "its own view" in first["cause"] and "lost contact with the head's wrapper" in first["cause"]
+    for n in ("n1", "n3", "n4"):
+        u = _unit(report, n)
+        assert u["role"] == "consequence" and u["consequence_of"]["node"] == "n2", (n, u["role"], u["consequence_of"])
+    assert _unit(report, "n2")["role"] == "cause"
+    rc, out = _run(["--bundle", str(tmp_path)], capsys)
+    assert rc == 1 and "first failure on n2 (lost contact with the others" in out.out, out.out
+
+
+def test_a_host_gone_is_named_from_its_witnesses(tmp_path):
+    """Nothing of n2 could be collected (its host is down): the others' records name it, so why does."""
+    report = triage.analyse(_lost_bundle(tmp_path, ("n1", "n3", "n4")))
+    first = report["first_failure"]
+    assert first["node"] == "n2" and first["verdict"] == "node-lost", json.dumps(first)
+    assert "its host is down, or unreachable" in first["cause"] and "(3 witness(es): n1, n3, n4)" in first["cause"]
+
+
+def test_two_nodes_that_lost_each_other_are_not_guessed(tmp_path):
+    """One witness each way: nothing says which side failed, so the usual rule (the first record) stands."""
+    report = triage.analyse(_lost_bundle(tmp_path, ("n1", "n2")))
+    assert report["first_failure"]["node"] == "n1"
+    assert "witness" not in report["first_failure"]["cause"]
+
+
+def test_a_barrier_that_waited_in_vain_is_a_witness(tmp_path):
+    """The head's barrier gave up on n3 (link-failed, the record's barrier names it): n3 is the one missing."""
+    rows = [("03:00:00", "sd", "Starting eng..."),
+            ("04:00:00", "u", "llmfleet exec: link-failed: exit 75: n3 did not join the deployment link in 3600 s"),
+            ("04:00:00", "sd", "e.service: Main process exited, code=exited, status=75/TEMPFAIL")]  # fmt: skip
+    b = _bundle(
+        tmp_path, {"n1": {"units": {"e.service": (rows, FAILED)}}, "n2": {"units": {"e.service": (rows, FAILED)}}}
+    )
+    for node, missing in (("n1", ["n3"]), ("n2", ["n3"])):
+        _record(tmp_path / node / "termination-e.service.json", started_at=1796094000.0, ended_at=1796097600.0,
+                verdict="link-failed", exit_code=75, reason="n3 did not join the deployment link in 3600 s",
+                link={"role": "head" if node == "n1" else "worker", "node": node, "stopped_by": None,
+                      "barrier": {"missing": missing}})  # fmt: skip
+    first = triage.analyse(b)["first_failure"]
+    assert first["node"] == "n3" and first["verdict"] == "node-lost", json.dumps(first)

@@ -189,10 +189,14 @@ class Ending:
         if verdict not in ("peer-failed", "deployment-stopped", "link-failed") and run.link is None:
             return None
         rec = run.record or {}
-        if verdict == "link-failed":
-            return self._mech(run, "link-failed", run.end, "the wrapper could not join the deployment link: "
-                              f"{rec.get('reason') or ''}", [run.wrapper[0]] if run.wrapper else [])  # fmt: skip
         link = rec.get("link") if isinstance(rec.get("link"), dict) else {}
+        if verdict == "link-failed":
+            mech = self._mech(run, "link-failed", run.end, "the wrapper could not join the deployment link: "
+                              f"{rec.get('reason') or ''}", [run.wrapper[0]] if run.wrapper else [])  # fmt: skip
+            barrier = link.get("barrier") if isinstance(link.get("barrier"), dict) else {}  # type: ignore[union-attr]
+            mech["missing"] = [n for n in barrier.get("missing") or [] if isinstance(n, str)]  # waited for in vain
+            mech["link_role"] = link.get("role")  # type: ignore[union-attr]
+            return mech
         by = link.get("stopped_by") if isinstance(link.get("stopped_by"), dict) else {}  # type: ignore[union-attr]
         m = run.link[1] if run.link else None
         peer = by.get("node") or (m.group(1) if m else "another node")  # type: ignore[union-attr]
@@ -203,6 +207,9 @@ class Ending:
         mech = self._mech(run, "peer-failed" if failed else "deployment-stopped", at, "stopped with the deployment: "
                           f"{peer} {what} ({why})", [run.link[0]] if run.link else [], stop=not failed)  # fmt: skip
         mech["peer"] = peer
+        # A witness for `why`: this node (or the head, relaying) lost contact with that one (wrapper/link.py's words).
+        mech["peer_lost"] = str(why).startswith("lost contact with")
+        mech["link_role"] = link.get("role")  # type: ignore[union-attr]
         return mech
 
     def _exit_mechanism(self, run: Run, show: dict[str, str], verdict: str | None) -> dict[str, Any]:  # noqa: PLR0911

@@ -437,6 +437,7 @@ class UnitAnalysis:
         details.update(mechanism=mech["kind"], phase=phase, ready=bool(rec.get("ready")) if rec else run.obs.ready)
         if mech.get("peer"):
             details["peer"] = mech["peer"]
+        details.update({k: mech[k] for k in ("peer_lost", "link_role", "missing") if mech.get(k)})
         failed_rank = rec.get("failed_rank") if isinstance(rec.get("failed_rank"), dict) else run.obs.failed_rank
         if failed_rank:
             details["failed_rank"] = {k: failed_rank.get(k) for k in ("tp", "pp", "rank")}

@@ -17,7 +17,7 @@ import re
 import sys
 from typing import Any
 
-from .parse import Line, gpu_indices, kernel_events, parse_journal
+from .parse import Line, gpu_indices, iso, kernel_events, parse_journal
 from .unit import UnitAnalysis, read_text
 
 SCHEMA = "llmfleet.why/1"
@@ -117,10 +117,63 @@ def _linked(u: dict[str, Any]) -> bool:
     return u["details"].get("mechanism") == "peer-failed" or u["verdict"] == "peer-failed"
 
 
+def _lost(members: list[dict[str, Any]]) -> tuple[str, list[str]] | None:
+    """The node the others lost contact with (the deployment link's words, or a barrier that waited for it in vain),
+    with its witnesses: the one most nodes name, when no other is named as often (two nodes that lost each other
+    are a tie: nothing says which side failed). The worker's name for the head, "head", is the head's node."""
+    head = next((u["node"] for u in members if u["details"].get("link_role") == "head"), "head")
+    said: dict[str, set[str]] = {}
+    for u in members:
+        d = u["details"]
+        named = ([d["peer"]] if d.get("peer_lost") and d.get("peer") else []) + list(d.get("missing") or [])
+        for n in (head if m == "head" else m for m in named):
+            if n != u["node"]:
+                said.setdefault(n, set()).add(u["node"])
+    ranked = sorted(said.items(), key=lambda kv: -len(kv[1]))
+    if not ranked or (len(ranked) > 1 and len(ranked[1][1]) == len(ranked[0][1])):
+        return None
+    return ranked[0][0], sorted(ranked[0][1])
+
+
+def _lost_origin(name: str, members: list[dict[str, Any]], units: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where a deployment whose failures are all the link's started: the node the others lost contact with (its
+    unit, or one made up for it when nothing of it could be collected: a host down or unreachable)."""
+    failed = [u for u in members if u["failed"]]
+    if not failed or any(not (_linked(u) or u["verdict"] == "link-failed") for u in failed):
+        return None  # a node failed with a cause of its own: the first of those is the story
+    found = _lost(members)
+    if found is None:
+        return None
+    node, witnesses = found
+    origin = next((u for u in members if u["node"] == node), None)
+    ats = [u["at"] for u in members if u["node"] in witnesses and u["at"] is not None]
+    said = f"the other nodes lost contact with {node} ({len(witnesses)} witness(es): {', '.join(witnesses)})"
+    if origin is None:  # nothing of it in the bundle
+        at = min(ats) if ats else None
+        origin = {
+            "node": node, "unit": name, "launched_by_llmfleet": None, "record": False, "verdict": "node-lost",
+            "label": "lost: its host is down or unreachable", "failed": True, "at": at, "at_iso": iso(at),
+            "cause": f"{said}, and nothing of it could be collected: its host is down, or unreachable from here too; "
+                     "the others wait for it at the deployment link", "strong": True, "evidence": [],
+            "details": {"witnesses": witnesses}, "ruled_out": [], "started_at_iso": None, "ended_at_iso": None,
+            "state": {}, "cgroup": None, "role": "cause", "consequence_of": None, "runs": [],
+        }  # fmt: skip
+        units.append(origin)
+        members.append(origin)
+        return origin
+    own = origin["cause"]
+    origin.update(role="cause", consequence_of=None, strong=True, label="lost contact with the others",
+                  cause=f"{said}: its network or host failed, not its engine; its own view: {own}")  # fmt: skip
+    origin["details"]["witnesses"] = witnesses
+    return origin
+
+
 def _relate(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Units of one name on several nodes are one deployment: its first failure in time is the cause; later
     failures without a cause of their own (NCCL errors, a dead worker, exit 0) and stops are its consequences.
-    A requested stop before a failure that has no cause of its own is where it started (a rank lost its peer)."""
+    A requested stop before a failure that has no cause of its own is where it started (a rank lost its peer).
+    When every failure is the deployment link's (no node failed by itself: a partition, a host gone), the node
+    the others lost contact with is where it started, however the clocks order the records."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for u in units:
         groups.setdefault(u["unit"], []).append(u)
@@ -130,7 +183,8 @@ def _relate(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # both end within the same second, and the link's own line names the node that failed.
         failed = sorted((u for u in members if u["failed"]), key=lambda u: (_linked(u), _at(u), not u["strong"]))
         stopped = sorted((u for u in members if u["details"].get("mechanism") in STOPS), key=_at)
-        first = failed[0] if failed else None
+        first = _lost_origin(name, members, units) if len(members) > 1 else None
+        first = first or (failed[0] if failed else None)
         origin = first
         if first and not first["strong"] and stopped and _at(stopped[0]) <= _at(first):
             origin = stopped[0]
