@@ -95,7 +95,9 @@ def vllm_names() -> set[str]:
     return {m for m in re.findall(r"^(vllm:[a-z0-9_]+)", text, re.M)}
 
 
-NAME = re.compile(r"(?<![\w:])(vllm:[a-z0-9_]+|sglang:[a-z0-9_]+|llmfleet_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+|node_[a-z0-9_]+)(?![\w:])")
+NAME = re.compile(
+    r"(?<![\w:])(vllm:[a-z0-9_]+|sglang:[a-z0-9_]+|llmfleet_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+|node_[a-z0-9_]+)(?![\w:])"
+)
 
 
 def test_every_metric_name_is_one_the_exporters_write():
