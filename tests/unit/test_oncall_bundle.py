@@ -155,3 +155,23 @@ def test_why_reads_what_bundle_writes(fakes, tmp_path):
     assert _bundle(fakes, tmp_path / "b") == 0
     report = triage.analyse(str(tmp_path / "b"))
     assert report["first_failure"]["node"] == "node2" and "TypeError" in report["first_failure"]["label"]
+
+
+def test_progress_is_a_line_per_node_on_stderr_collected_or_failed_with_bytes(tmp_path, capsys):
+    """Off a terminal (capsys is not one): one line per node as it answers, collected with its files and bytes or
+    FAILED with why, and the fleet's count; stdout keeps the summary alone."""
+    f = Fakes(tmp_path, ["node1", "node2"], unreachable=("node2",))
+    f.set_unit("node1")
+    f.journal("node1", "x" * 3000 + "\n")
+    assert _bundle(f, tmp_path / "b") == 1
+    cap = capsys.readouterr()
+    err = cap.err.splitlines()
+    assert err[0] == "bundle: collecting from 2 node(s), up to 300 s each", err
+    one = next(x for x in err if " node1: " in x)
+    two = next(x for x in err if " node2: " in x)
+    assert one.startswith("bundle: [") and "node1: collected " in one and " MiB" in one and "/2]" in one
+    assert "node2: FAILED: " in two and "connection refused" in two
+    assert len(err) == 3 and "bundle:" not in cap.out
+    # the bytes said are what the bundle holds
+    size = sum(p.stat().st_size for p in (tmp_path / "b" / "node1").iterdir())
+    assert f"{size / (1 << 20):.1f} MiB" in one

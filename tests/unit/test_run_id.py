@@ -42,6 +42,20 @@ PREFLIGHT = """\
   delegate_to: localhost
   run_once: true
 """
+# A playbook that tests what a run deployed (acceptance.yml, bench.yml): it carries that run's id.
+CONTINUE = """\
+- name: Carry the deployed run's id
+  ansible.builtin.import_playbook: run_start.yml
+  vars:
+    llmfleet_run_playbook: acceptance.yml
+    llmfleet_run_steps: [acceptance]
+    llmfleet_run_continue: true
+
+- name: A step of the deployed run
+  hosts: llmfleet_nodes
+  gather_facts: false
+  roles: [preflight]
+"""
 ENGINE = """\
 - name: Validate the engine flags
   ansible.builtin.fail:
@@ -50,7 +64,7 @@ ENGINE = """\
 """
 
 
-def play(tmp_path: Path, fail: bool) -> subprocess.CompletedProcess:
+def play(tmp_path: Path, fail: bool, playbook: str = "site.yml") -> subprocess.CompletedProcess:
     pb = tmp_path / "playbooks"
     if not pb.exists():
         pb.mkdir()
@@ -58,6 +72,7 @@ def play(tmp_path: Path, fail: bool) -> subprocess.CompletedProcess:
         shutil.copytree(ROOT / "playbooks/callback_plugins", pb / "callback_plugins",
                         ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
         (pb / "site.yml").write_text(PLAYBOOK)
+        (pb / "acceptance.yml").write_text(CONTINUE)
         for role, text in (("preflight", PREFLIGHT), ("engine", ENGINE)):
             (tmp_path / "roles" / role / "tasks").mkdir(parents=True)
             (tmp_path / "roles" / role / "tasks/main.yml").write_text(text)
@@ -65,7 +80,7 @@ def play(tmp_path: Path, fail: bool) -> subprocess.CompletedProcess:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(tmp_path / "roles"),
            "ANSIBLE_PYTHON_INTERPRETER": sys.executable, "ANSIBLE_HOME": str(tmp_path / ".ansible"),
            "ANSIBLE_NOCOLOR": "1"}  # fmt: skip
-    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"), str(pb / "site.yml"),
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"), str(pb / playbook),
             "-e", f"llmfleet_report_dir={tmp_path / 'reports'}", "-e", "llmfleet_deployment=demo",
             "-e", f"fail_engine={fail}"]  # fmt: skip
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -80,6 +95,13 @@ def test_every_record_carries_the_run_id_and_the_run_record_says_where_it_stoppe
     first = json.loads((d / "run-demo.json").read_text())
     assert first["outcome"] == "completed" and first["stopped"] is None and first["playbook"] == "site.yml"
     assert json.loads((d / "preflight.json").read_text())["run_id"] == first["run_id"]
+    # a playbook that tests the deployed run writes its records under that run's id, and starts no run
+    (d / "endpoint-demo.json").write_text(json.dumps({"url": "http://node1:8000", "run_id": first["run_id"]}))
+    cont = play(tmp_path, fail=False, playbook="acceptance.yml")
+    assert cont.returncode == 0, cont.stdout[-3000:] + cont.stderr[-2000:]
+    assert json.loads((d / "run-demo.json").read_text()) == first
+    assert json.loads((d / "preflight.json").read_text())["run_id"] == first["run_id"]
+    (d / "endpoint-demo.json").unlink()
 
     bad = play(tmp_path, fail=True)
     assert bad.returncode != 0

@@ -26,9 +26,11 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from .. import __version__
 from ..fleet_inventory import Fleet
@@ -145,6 +147,50 @@ def write_bundle(tmp: str, fleet: Fleet, results: list[NodeResult], args: argpar
     return doc
 
 
+def _collected_bytes(data: dict) -> tuple[int, int]:
+    """(files, bytes) a node's answer holds: each file's base64 length read as bytes, without decoding it."""
+    files = [f for f in (data.get("files") or {}).values() if isinstance(f, dict) and "absent" not in f]
+    size = 0
+    for f in files:
+        b64 = str(f.get("data") or "")
+        size += len(b64) * 3 // 4 - (len(b64) - len(b64.rstrip("=")))
+    return len(files), size
+
+
+class Progress:
+    """Per node, as it answers: collected (files, bytes, seconds) or failed (why), with how many of the fleet are
+    done, on stderr (stdout is the summary or the JSON). A line per node whether or not stderr is a terminal: a
+    collection is a few answers, each worth keeping in a log."""
+
+    def __init__(self, total: int, stream: TextIO | None = None):
+        self.total, self.done, self.bytes = total, 0, 0
+        self.stream = stream or sys.stderr
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+
+    def start(self, timeout: float) -> None:
+        self._line(f"bundle: collecting from {self.total} node(s), up to {timeout:g} s each")
+
+    def node(self, name: str, data: dict | None = None, error: str | None = None) -> None:
+        with self.lock:
+            self.done += 1
+            secs = time.monotonic() - self.t0
+            if data is not None:
+                files, size = _collected_bytes(data)
+                self.bytes += size
+                what = f"collected {files} file(s), {size / MIB:.1f} MiB"
+            else:
+                what = f"FAILED: {error}"
+            total = f"{self.bytes / MIB:.1f} MiB in all"
+            self._line(f"bundle: [{self.done}/{self.total}] {name}: {what} ({secs:.1f} s; {total})")
+
+    def _line(self, text: str) -> None:
+        try:
+            print(text, file=self.stream, flush=True)
+        except (OSError, ValueError):  # a closed or gone stderr never stops the collection
+            pass
+
+
 def _run(args: argparse.Namespace, transport: Any) -> int:
     out = check_output(args.output)
     if args.since is not None and not SINCE_RE.match(args.since):
@@ -154,11 +200,20 @@ def _run(args: argparse.Namespace, transport: Any) -> int:
             "nvidia": 4 * MIB}  # fmt: skip
     t = transport or AutoTransport()
 
+    progress = Progress(len(fleet.nodes))
+
     def probe(node):
         units = [dict(s, always=s["role"] == "engine") for s in unit_specs(fleet, node)]
         spec = {"op": "bundle", "units": units, "since": args.since, "caps": caps}
-        return call_probe(t, node, spec, args.timeout, max_output=(3 * args.max_mib + 64) * MIB * 4 // 3)
+        try:
+            data = call_probe(t, node, spec, args.timeout, max_output=(3 * args.max_mib + 64) * MIB * 4 // 3)
+        except Exception as e:
+            progress.node(node.name, error=str(e) or type(e).__name__)
+            raise
+        progress.node(node.name, data=data if isinstance(data, dict) else {})
+        return data
 
+    progress.start(args.timeout)
     try:
         results = fan_out(fleet.nodes, probe)
     finally:
