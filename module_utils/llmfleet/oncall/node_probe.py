@@ -28,7 +28,7 @@ SHOW_PROPS = (
 RECORD_KEYS = (
     "unit", "invocation_id", "started_at", "ended_at", "ended_at_iso", "stop_requested", "killed_after_timeout",
     "child", "exit_code", "verdict", "reason", "oom_kill", "left_over_pids", "phase", "ready", "ready_at",
-    "failed_rank", "first_error", "running", "health",
+    "failed_rank", "first_error", "running", "health", "link",
 )  # fmt: skip
 ROTATED = 5  # the wrapper keeps FILE.1 .. FILE.5
 ENV = dict(os.environ, LC_ALL="C", SYSTEMD_PAGER="", SYSTEMD_COLORS="0", PAGER="cat")

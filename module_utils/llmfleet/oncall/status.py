@@ -97,6 +97,9 @@ def unit_view(node: Node, spec: dict, res: dict) -> tuple[dict, list[str]]:
         "gpu_pids": res.get("gpu_pids"), "errors": res.get("errors") or [],
         # the wrapper's serving health probe (llmfleet exec --health-url), this run's only
         "health": status.get("health") if running and isinstance(status.get("health"), dict) else None,
+        # the deployment link's barrier this run waits at (no engine started yet), with the nodes it waits for
+        "barrier": (status.get("link") or {}).get("barrier") if running and isinstance(status.get("link"), dict)
+        else None,
     }  # fmt: skip
     problems = []
     who = f"{node.name}: {spec['unit']}"
@@ -112,6 +115,8 @@ def unit_view(node: Node, spec: dict, res: dict) -> tuple[dict, list[str]]:
         err = (record.get("first_error") or {}).get("line") or record.get("reason")
         problems.append(f"{who} ended {record['verdict']} (exit {record.get('exit_code')})"
                         f"{': ' + fr if fr else ''}: {short(err, 160)}")  # fmt: skip
+    if isinstance(v["barrier"], dict):
+        problems.append(f"{who}: no engine started, at the deployment link: {short(v['barrier'].get('what'), 160)}")
     last = (v["health"] or {}).get("last") or {}
     if last and not last.get("ok"):
         h = v["health"]
@@ -179,6 +184,8 @@ def _row(doc: dict, v: dict, now: float) -> list[str]:
     if rec and record_failed(rec):
         fr = rank_text(rec.get("failed_rank"))
         note = f"{fr + ': ' if fr else ''}{short((rec.get('first_error') or {}).get('line') or rec.get('reason'), 90)}"
+    elif v["barrier"]:
+        note = f"link: {short(v['barrier'].get('what'), 90)}"
     elif v["previous_record"] and record_failed(v["previous_record"]):
         pr = v["previous_record"]
         note = f"previous run: {pr.get('verdict')} {rank_text(pr.get('failed_rank'))}".rstrip()
