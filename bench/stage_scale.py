@@ -437,7 +437,8 @@ def describe(lim: Limits) -> str:
     )
 
 
-# The lab's 4-node run (docs/measurements/bench-stage.md, 2026-11-29: `bench/stage_bench.py --gb 8 --nodes 4 --fleet-gb 1`):
+# The lab's 4-node run (docs/measurements/bench-stage.md, 2026-11-29:
+# `bench/stage_bench.py --gb 8 --nodes 4 --fleet-gb 1`):
 # 1 GiB in 16 shards, max_source_readers 1, 4 threads, all nodes on one 2-CPU machine and one disk.
 LAB_MEASURED_S = 25.0  # the model_stage playbook, whole (orchestration included)
 LAB_NAIVE_S = 5.0  # 4 x `cp -r` + sync through one `ansible` shell task
