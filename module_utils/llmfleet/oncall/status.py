@@ -151,7 +151,18 @@ def assess(fleet: Fleet, results: list[NodeResult]) -> tuple[list[dict], list[st
             problems += p
         doc["gpu_error"] = r.data.get("gpu_error")
         doc["gpu_other"] = r.data.get("gpu_other")
-    return nodes, problems
+    return nodes, missing_nodes(nodes) + problems
+
+
+def missing_nodes(nodes: list[dict]) -> list[str]:
+    """The nodes the others wait for at the deployment link (their barriers' missing), most witnesses first."""
+    waiting: dict[str, list[str]] = {}
+    for d in nodes:
+        for v in d.get("units") or []:
+            for m in (v.get("barrier") or {}).get("missing") or []:
+                waiting.setdefault(m, []).append(d["node"])
+    return [f"{m} is missing at the deployment link: {', '.join(w)} wait for it (down, or cut off from them)"
+            for m, w in sorted(waiting.items(), key=lambda kv: -len(kv[1]))]  # fmt: skip
 
 
 def probe_text(health: dict | None, now: float) -> str:
