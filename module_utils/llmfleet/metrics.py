@@ -476,7 +476,15 @@ def stage_families(
         secs = _num(record.get("elapsed_s"))
         if secs is not None:  # the stage module's wall time under the model's lock
             fams["llmfleet_stage_seconds"].add(secs, **lab)
-        fams["llmfleet_stage_timestamp_seconds"].add(round(time.time() if now is None else now, 3), **lab)
+        # The same result again (the task rerun on the same record) is the same run and keeps that run's time; two
+        # real copies differ at least in elapsed_s (ms).
+        run = sorted((n, lb.get("source", ""), v) for n, lb, v in kept if n != "llmfleet_stage_timestamp_seconds")
+        new = sorted((f.name, x.labels.get("source", ""), float(x.value)) for f in fams.values()
+                     if f.name in _STAGE_RUN for x in f.samples)  # fmt: skip
+        same = [v for n, _, v in kept if n == "llmfleet_stage_timestamp_seconds"] if run and run == new else []
+        fams["llmfleet_stage_timestamp_seconds"].add(
+            same[0] if same else round(time.time() if now is None else now, 3), **lab
+        )
     else:
         for n, labels, v in kept:
             extra = {k: x for k, x in labels.items() if k == "source"}

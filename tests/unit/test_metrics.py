@@ -249,6 +249,15 @@ def test_stage_and_nccl_runs_have_a_timestamp(stage_report):
     assert value(parse(metrics.build("nccl_check", v, node="a")), "llmfleet_collective_timestamp_seconds") > 1.7e9
 
 
+def test_stage_same_record_again_keeps_its_time_a_new_copy_gets_a_new_one(stage_report):
+    rec = stage_report["nodes"]["node2"]
+    first = metrics.build("stage", rec, node="node2", now=1796090000)
+    assert metrics.build("stage", rec, node="node2", previous=first, now=1796099999) == first
+    again = dict(rec, elapsed_s=3.5)  # another run that copied
+    out = parse(metrics.build("stage", again, node="node2", previous=first, now=1796099999))
+    assert value(out, "llmfleet_stage_timestamp_seconds") == 1796099999
+
+
 def test_stage_seconds_from_elapsed(stage_report):
     rec = dict(stage_report["nodes"]["node1"], elapsed_s=12.5)
     assert value(parse(metrics.build("stage", rec)), "llmfleet_stage_seconds") == 12.5

@@ -28,8 +28,8 @@ def args(d, **over):
 
 def test_check_mode_predicts_and_writes_nothing(tmp_path):
     res = run(mod, {**args(tmp_path), "_ansible_diff": True}, check=True)
-    assert res["changed"] is True and res["path"] == str(tmp_path / NAME) and res["series"] == 7
-    assert res["diff"]["before"] == "" and res["diff"]["after"].startswith("# HELP llmfleet_stage_verified")
+    assert res["changed"] is True and res["path"] == str(tmp_path / NAME) and res["series"] == 8
+    assert res["diff"]["before"] == "" and res["diff"]["after"].startswith("# HELP llmfleet_stage_ok")
     assert os.listdir(tmp_path) == []
     assert not undocumented(mod, res)
 
@@ -38,7 +38,7 @@ def test_run_writes_then_is_unchanged_then_changes_with_the_record(tmp_path):
     res = run(mod, args(tmp_path))
     assert res["changed"] is True and res["created"] is False
     text = (tmp_path / NAME).read_text()
-    assert next(f.name for f in text_string_to_metric_families(text)) == "llmfleet_stage_verified"
+    assert next(f.name for f in text_string_to_metric_families(text)) == "llmfleet_stage_ok"
     assert stat.S_IMODE(os.stat(tmp_path / NAME).st_mode) == 0o644
     assert run(mod, args(tmp_path))["changed"] is False
     assert run(mod, args(tmp_path), check=True)["changed"] is False

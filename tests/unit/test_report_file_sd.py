@@ -72,7 +72,7 @@ def test_targets_files_for_the_engine_and_each_exporter_and_no_change_on_a_rerun
     assert sorted(p.name for p in sd.iterdir()) == ["demo-dcgm.json", "demo-engine.json", "demo-node.json"]
     assert json.loads((sd / "demo-engine.json").read_text()) == [
         {"targets": ["10.77.0.11:8000"],
-         "labels": {"deployment": "demo", "node": "node1", "engine": "vllm", "model": "det-model"}}
+         "labels": {"deployment": "demo", "node": "node1", "profile": "vllm", "model": "det-model"}}
     ]  # fmt: skip
     # One group per node: its inventory name as `node`, an IPv6 address in brackets, no ansible_host: the name.
     assert json.loads((sd / "demo-node.json").read_text()) == [
@@ -89,13 +89,13 @@ def test_targets_files_for_the_engine_and_each_exporter_and_no_change_on_a_rerun
 
 
 def test_this_runs_endpoint_wins_no_endpoint_no_engine_target_and_an_empty_dir_writes_nothing(tmp_path):
-    published = {**ENDPOINT, "url": "http://10.77.0.99:30000", "engine": "sglang", "head": "node2"}
+    published = {**ENDPOINT, "url": "http://10.77.0.99:30000", "profile": "sglang", "head": "node2"}
     rc, out = play(tmp_path, engine_endpoint=published, report_file_sd_exporters={"node": 9100})
     assert rc == 0, out[-3000:]
     sd = tmp_path / "reports" / "file_sd"
     assert sorted(p.name for p in sd.iterdir()) == ["demo-engine.json", "demo-node.json"]
     (group,) = json.loads((sd / "demo-engine.json").read_text())
-    assert group["targets"] == ["10.77.0.99:30000"] and group["labels"]["engine"] == "sglang"
+    assert group["targets"] == ["10.77.0.99:30000"] and group["labels"]["profile"] == "sglang"
     assert group["labels"]["node"] == "node2"
     rc, out = play(tmp_path, llmfleet_deployment="nothing-yet")
     assert rc == 0, out[-3000:]
@@ -141,7 +141,7 @@ def test_prometheus_service_discovery_reads_the_files(tmp_path, promtool):
     assert sorted(nodes) == ["node1", "node2", "node3"]
     assert nodes["node2"]["instance"] == "[fd00::12]:9100" and nodes["node2"]["deployment"] == "demo"
     (engine,) = found["llmfleet-engine"]
-    assert engine["labels"]["instance"] == "10.77.0.11:8000" and engine["labels"]["engine"] == "vllm"
+    assert engine["labels"]["instance"] == "10.77.0.11:8000" and engine["labels"]["profile"] == "vllm"
 
 
 @pytest.fixture
