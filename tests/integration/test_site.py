@@ -38,8 +38,8 @@ def check_the_metrics(lab):
     assert {"llmfleet_stage_demo-model.prom", "llmfleet_nccl_check.prom", "llmfleet_engine_ready_demo.prom",
             "llmfleet_acceptance_demo.prom"} <= set(files), files  # fmt: skip
     names = {s.name for fam in text_string_to_metric_families(out.stdout) for s in fam.samples}
-    assert {"llmfleet_stage_verified", "llmfleet_engine_ready", "llmfleet_engine_ready_timestamp_seconds"} <= names, (
-        sorted(names)
+    assert {"llmfleet_stage_ok", "llmfleet_engine_gate_ok", "llmfleet_engine_ready_timestamp_seconds"} <= names, sorted(
+        names
     )
 
 
