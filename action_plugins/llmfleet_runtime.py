@@ -16,6 +16,10 @@ import tarfile
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
+# The ops host's tools (on-call, the deployment report, API acceptance): left out of what nodes get. The package's
+# CLI (llmfleet.cli.OPS_HOST, which a test holds equal) tells a node that runs one where it runs instead.
+OPS_HOST = ("accept", "oncall", "report")
+
 
 def argument_spec() -> dict:
     """The options (a fresh dict each call); tests compare them with the module's DOCUMENTATION."""
@@ -29,15 +33,16 @@ def argument_spec() -> dict:
 
 
 def pack(src: str) -> tuple[bytes, int]:
-    """(archive, file count) of the package in src: sorted names, no __pycache__ or .pyc, mtimes 0, root owners,
-    mode 0644, no name or time in the gzip header - the same bytes for the same files, on any ops host."""
+    """(archive, file count) of the node runtime in src: the package without its ops-host subpackages (OPS_HOST),
+    sorted names, no __pycache__ or .pyc, mtimes 0, root owners, mode 0644, no name or time in the gzip header - the
+    same bytes for the same files, on any ops host."""
     src = src.rstrip("/")
     if not os.path.isfile(os.path.join(src, "__init__.py")):
         raise AnsibleActionFail(f"src={src} holds no llmfleet package (__init__.py) on the ops host: point "
                                 "base_runtime_src at this project's module_utils/llmfleet")  # fmt: skip
     names = []
     for root, dirs, files in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not (root == src and d in OPS_HOST))
         names += [os.path.join(root, f) for f in sorted(files) if not f.endswith(".pyc")]
     buf = io.BytesIO()
     with gzip.GzipFile(filename="", fileobj=buf, mode="wb", mtime=0) as gz:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import ipaddress
 import json
@@ -18,20 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__
-from .accept import run as accept
-from .accept import warmup
-from .bench import serve as servebench
 from .cli_grammar import EXIT_CODES, alias, completion_script, stamp_schema
-from .engine import fit_cli, precompile, specdecode
 from .facts import revision_problem
-from .oncall import bundle as oncall_bundle
-from .oncall import logs as oncall_logs
-from .oncall import rdma as oncall_rdma
-from .oncall import restart as oncall_restart
-from .oncall import status as oncall_status
-from .oncall import stop as oncall_stop
-from .oncall import why as oncall_why
-from .report import cli as report_cli
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -327,25 +316,54 @@ def _cmd_topology(args: argparse.Namespace) -> int:
     return 0
 
 
-# Subcommands whose module brings its own arguments and runner (add_arguments, run).
+# Subcommands whose module brings its own arguments and runner (add_arguments, run), named relative to this
+# package (`module:attribute` for an object): imported only for the command that runs, or when the whole parser is
+# built (completion). The ops-host tools (OPS_HOST) are not in a node's runtime package.
+# fmt: off
 PLUGGED = (
-    ("accept", accept, "the API acceptance gate against a running endpoint (docs/acceptance.md)"),
-    ("bench", servebench, "serving benchmark of an endpoint with the engine's own tool (docs/measurements/bench-serving.md)"),
-    ("warmup", warmup, "warm a ready endpoint over an input-length x concurrency matrix, timed (docs/warmup.md)"),
-    ("specdecode", specdecode, "speculative decoding's acceptance from an engine's /metrics, and whether it pays"),
-    ("precompile", precompile, "run a kernel precompile once per fingerprint (the unit's ExecStartPre; a stamp file)"),
+    ("accept", "accept.run", "the API acceptance gate against a running endpoint (docs/acceptance.md)"),
+    ("bench", "bench.serve",
+     "serving benchmark of an endpoint with the engine's own tool (docs/measurements/bench-serving.md)"),
+    ("warmup", "accept.warmup",
+     "warm a ready endpoint over an input-length x concurrency matrix, timed (docs/warmup.md)"),
+    ("specdecode", "engine.specdecode",
+     "speculative decoding's acceptance from an engine's /metrics, and whether it pays"),
+    ("precompile", "engine.precompile",
+     "run a kernel precompile once per fingerprint (the unit's ExecStartPre; a stamp file)"),
     # On-call (docs/runbook.md): over SSH with the inventory Ansible reads.
-    ("status", oncall_status, "is it serving: one line per node (unit, record, phase, API port, GPU memory), over SSH"),
-    ("logs", oncall_logs, "journal tails per node; --first-failed: the node and rank that failed first, and why"),
-    ("bundle", oncall_bundle, "collect an incident bundle (journals, kernel log, systemctl show, records) for `why`"),
-    ("why", oncall_why, "why did it die: triage of an incident bundle, or of a deployment over SSH (docs/runbook.md)"),
-    ("stop", oncall_stop, "stop a deployment in order (router, head, workers), bounded; says what it had to kill"),
-    ("restart", oncall_restart, "stop in order, start in rank order, wait until every unit is READY"),
-    ("rdma-proof", oncall_rdma, "HCA port byte counters on all nodes around CMD (or a sleep); silent rails called out"),
-    ("fit", fit_cli.fit_command, "will it fit: GPU memory per rank, and does the engine know the model"),
-    ("startscan", fit_cli.scan_command, "a start-up log's fell-back lines (untuned MoE, attention backend) and memory"),
-    ("report", report_cli, "the deployment report: HTML page + markdown from this run's records, pass/fail per step"),
+    ("status", "oncall.status",
+     "is it serving: one line per node (unit, record, phase, API port, GPU memory), over SSH"),
+    ("logs", "oncall.logs", "journal tails per node; --first-failed: the node and rank that failed first, and why"),
+    ("bundle", "oncall.bundle", "collect an incident bundle (journals, kernel log, systemctl show, records) for `why`"),
+    ("why", "oncall.why",
+     "why did it die: triage of an incident bundle, or of a deployment over SSH (docs/runbook.md)"),
+    ("stop", "oncall.stop", "stop a deployment in order (router, head, workers), bounded; says what it had to kill"),
+    ("restart", "oncall.restart", "stop in order, start in rank order, wait until every unit is READY"),
+    ("rdma-proof", "oncall.rdma",
+     "HCA port byte counters on all nodes around CMD (or a sleep); silent rails called out"),
+    ("fit", "engine.fit_cli:fit_command", "will it fit: GPU memory per rank, and does the engine know the model"),
+    ("startscan", "engine.fit_cli:scan_command",
+     "a start-up log's fell-back lines (untuned MoE, attention backend) and memory"),
+    ("report", "report.cli", "the deployment report: HTML page + markdown from this run's records, pass/fail per step"),
 )
+# fmt: on
+# Subpackages of the ops host's install only (pip install llmfleet there); roles ship the rest to nodes.
+OPS_HOST = ("accept", "oncall", "report")
+
+
+def _plugged(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    mod = importlib.import_module(f".{module}", __package__)
+    return getattr(mod, attr) if attr else mod
+
+
+def _ops_host_only(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(_args: argparse.Namespace) -> int:
+        print(f"llmfleet {name} runs on the ops host (pip install llmfleet there): this node's llmfleet runtime "
+              "holds only what nodes run", file=sys.stderr)  # fmt: skip
+        return 2
+
+    return run
 
 
 INV = "-i inventory/prod --deployment demo"
@@ -484,7 +502,9 @@ def _add_node_commands(sub: Any) -> None:
     st.set_defaults(func=_cmd_stage)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `command`, only that plugged command's module is imported (the others are listed for
+    --help), so a node runs its commands without the ops-host tools; None imports every one (completion)."""
     ap = argparse.ArgumentParser(
         prog="llmfleet",
         description="Bare-metal GPU nodes to a verified LLM endpoint.",
@@ -495,7 +515,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     _add_node_commands(sub)
 
-    for name, mod, text in PLUGGED:
+    for name, path, text in PLUGGED:
+        if command is not None and command != name:
+            sub.add_parser(name, help=text)
+            continue
+        try:
+            mod = _plugged(path)
+        except ModuleNotFoundError as e:
+            if path.split(".")[0] not in OPS_HOST or not (e.name or "").startswith(f"{__package__}."):
+                raise
+            # Not in this runtime: whatever its arguments (no option is one: no prefix characters), say where it runs.
+            pp = sub.add_parser(name, help=text, add_help=False, prefix_chars="\0")
+            pp.add_argument("args", nargs="*")
+            pp.set_defaults(func=_ops_host_only(name))
+            continue
         pp = sub.add_parser(name, help=text, **_help_end(name))
         mod.add_arguments(pp)
         pp.set_defaults(func=mod.run)
@@ -545,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         from .wrapper.run import main as exec_main
 
         return exec_main(argv[1:])
-    ap = build_parser()
+    ap = build_parser(next((a for a in argv if not a.startswith("-")), ""))
     try:
         args = ap.parse_args(argv)
         if not getattr(args, "func", None):
