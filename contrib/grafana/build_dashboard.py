@@ -166,7 +166,11 @@ def build() -> dict:
         (f"llmfleet_engine_last_termination_info{{{SEL}}}", ""),
         (f"llmfleet_engine_last_exit_code{{{SEL}}}", ""),
         (f"llmfleet_engine_last_signal{{{SEL}}}", ""),
-    ], w=24, h=6, instant=True)  # fmt: skip
+    ], w=12, h=6, instant=True)  # fmt: skip
+    b.panel("timeseries", "Waiting at the deployment link", "Seconds a node has waited for the node `missing` before "
+            "any engine starts again (LlmfleetLinkPeerMissing at 300).",
+            [(f'llmfleet_engine_link_missing_seconds{{{SEL},missing!=""}}', "{{node}} waits for {{missing}}")],
+            unit="s", w=12, h=6)  # fmt: skip
 
     b.row("GPUs (DCGM exporter)")
     b.panel("timeseries", "GPU utilisation", "DCGM_FI_DEV_GPU_UTIL per GPU.",
