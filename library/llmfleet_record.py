@@ -13,6 +13,8 @@ description:
   - Writes I(content) as JSON (sorted keys, indented like C(to_nice_json)) to I(dir)/I(name) on the ops host,
     creating I(dir) (mode 0755) when it is missing. The file is written to a private temporary name in I(dir) and
     renamed over the old one, so a reader never sees half a record; unchanged text and mode is not rewritten.
+  - A mapping written during a run carries the run's id as C(run_id) (C(llmfleet_run_id), made once by
+    C(playbooks/run_start.yml)); the deployment report reads the newest run's records only.
   - Runs in the controller's own process (no module start-up), whatever host the task runs for; use it with
     C(run_once) for a record of the whole play.
   - An action plugin (C(action_plugins/llmfleet_record.py)); this module file only documents it.

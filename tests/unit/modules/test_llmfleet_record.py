@@ -19,12 +19,12 @@ action = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(action)
 
 
-def run(args, check=False):
+def run(args, check=False, task_vars=None):
     task = SimpleNamespace(args=args, async_val=0, check_mode=check, action="llmfleet_record", diff=False)
     conn = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))  # never used: nothing runs on a host
     am = action.ActionModule(task, conn, play_context=None, loader=None, templar=None, shared_loader_obj=None)
     am._load_name = "llmfleet_record"
-    return am.run(task_vars={})
+    return am.run(task_vars=task_vars or {})
 
 
 def test_the_record_is_the_text_to_nice_json_wrote_and_the_directory_is_created(tmp_path):
@@ -79,3 +79,16 @@ def test_a_directory_that_cannot_be_made_is_named(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(AnsibleActionFail, match=r"cannot write .*/file/sub/r\.json on the ops host"):
         run({"dir": str(tmp_path / "file" / "sub"), "name": "r.json", "content": {}})
+
+
+def test_a_record_written_during_a_run_carries_its_id(tmp_path):
+    rid = "20261204T080725Z-108366"
+    run({"dir": str(tmp_path), "name": "t.json", "content": {"a": 1}, "stamp": True}, task_vars={"llmfleet_run_id": rid})
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["run_id"] == rid and data["a"] == 1 and "generated_at" in data
+    run({"dir": str(tmp_path), "name": "l.json", "content": [1]}, task_vars={"llmfleet_run_id": rid})
+    assert json.loads((tmp_path / "l.json").read_text()) == [1]  # a list has no place for it
+    run({"dir": str(tmp_path), "name": "o.json", "content": {"a": 1}})
+    assert "run_id" not in json.loads((tmp_path / "o.json").read_text())  # outside a run
+    with pytest.raises(AnsibleActionFail, match="llmfleet_run_id '../x': not a run id"):
+        run({"dir": str(tmp_path), "name": "b.json", "content": {}}, task_vars={"llmfleet_run_id": "../x"})
