@@ -83,12 +83,14 @@ def test_a_directory_that_cannot_be_made_is_named(tmp_path):
 
 def test_a_record_written_during_a_run_carries_its_id(tmp_path):
     rid = "20261204T080725Z-108366"
-    run({"dir": str(tmp_path), "name": "t.json", "content": {"a": 1}, "stamp": True}, task_vars={"llmfleet_run_id": rid})
+    run(
+        {"dir": str(tmp_path), "name": "t.json", "content": {"a": 1}, "stamp": True}, task_vars={"llmfleet_run_id": rid}
+    )
     data = json.loads((tmp_path / "t.json").read_text())
     assert data["run_id"] == rid and data["a"] == 1 and "generated_at" in data
     run({"dir": str(tmp_path), "name": "l.json", "content": [1]}, task_vars={"llmfleet_run_id": rid})
     assert json.loads((tmp_path / "l.json").read_text()) == [1]  # a list has no place for it
     run({"dir": str(tmp_path), "name": "o.json", "content": {"a": 1}})
     assert "run_id" not in json.loads((tmp_path / "o.json").read_text())  # outside a run
-    with pytest.raises(AnsibleActionFail, match="llmfleet_run_id '../x': not a run id"):
+    with pytest.raises(AnsibleActionFail, match=r"llmfleet_run_id '\.\./x': not a run id"):
         run({"dir": str(tmp_path), "name": "b.json", "content": {}}, task_vars={"llmfleet_run_id": "../x"})
