@@ -201,4 +201,5 @@ def test_the_not_run_lines_show_a_normalised_report_dir(tmp_path, capsys):
     assert report_cli.run(args) == 0
     res = json.loads(capsys.readouterr().out)
     assert steps(res)["preflight"]["reason"] == f"no preflight.json in {tmp_path / 'reports'}"
+    assert res["run"] is None  # no record: no run
     assert "/../" not in json.dumps(res)

@@ -1,5 +1,5 @@
 """`llmfleet report [--dir REPORT_DIR] [--deployment NAME] [--max-age HOURS] [--json]`: the deployment report
-from the record files the roles wrote in REPORT_DIR (docs/report.md). Writes
+from the newest run's record files in REPORT_DIR (docs/report.md: every record carries its run's id). Writes
 REPORT_DIR/<deployment>/<UTC stamp>/{report.html,report.md,report.json}, points REPORT_DIR/<deployment>/latest
 there, prints the page's path and pass/fail per step. Exit 0 when a report was written (a failed deployment's
 too), 2 on bad input (no such directory, no deployment to report on, a bad name).
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"llmfleet report: note: no endpoint, engine, acceptance or bench record of {deployment} in "
               f"{model['report_dir']} (deployments with records: {others})", file=sys.stderr)  # fmt: skip
     if args.json:
-        keys = ("deployment", "status", "verdict", "failure", "steps", "problems", "generated_at")
+        keys = ("deployment", "status", "verdict", "failure", "steps", "problems", "generated_at", "run")
         paths = {"html": str(out / "report.html"), "markdown": str(out / "report.md"), "json": str(out / "report.json"),
                  "latest": str(out.parent / "latest")}  # fmt: skip
         print(json.dumps({"paths": paths, **{k: model[k] for k in keys}, "summary": summary_lines(model)}, indent=2))
