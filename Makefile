@@ -59,9 +59,12 @@ system-deps:
 	@missing=""; for d in $(SYSTEM_DEPS); do test -x "$${d%%:*}" || missing="$$missing $${d##*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 
+# The node side (the runtime roles ship to nodes, with node_probe.py that on-call sends them, and library/'s modules)
+# runs on Python >= 3.8: vermin checks it (its annotations are never evaluated: from __future__ import annotations).
 lint: $(VENV)/.installed
 	ruff check .
 	ruff format --check .
+	vermin -t=3.8- --no-tips --violations --no-eval-annotations --exclude-regex '(^|/)module_utils/llmfleet/(accept|report)/' --exclude-regex '(^|/)module_utils/llmfleet/oncall/(?!node_probe\.py$$)' module_utils/llmfleet library
 	yamllint --strict .
 	ansible-lint --offline
 

@@ -942,7 +942,9 @@ def _fork_world(ranks: list[argparse.Namespace], tmp: str) -> list[dict[str, Any
             time.sleep(0.05)
             continue
         a, t0 = kids.pop(pid)
-        done[a.rank] = {"exit": os.waitstatus_to_exitcode(status), "wall_s": round(time.monotonic() - t0, 2)}
+        # os.waitstatus_to_exitcode needs 3.9; nodes may run 3.8: the exit code, or minus the signal.
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        done[a.rank] = {"exit": code, "wall_s": round(time.monotonic() - t0, 2)}
     out = []
     for a in ranks:
         texts = []
@@ -1045,7 +1047,7 @@ def run_node_worlds(spec: dict[str, Any]) -> list[list[dict[str, Any]]]:
             for rank, _ in _members_of(world_spec, members):
                 worlds[k].append(got.get(rank) or rank_result(rank, "", se, p.returncode, wall))
     visible = [v for v in (spec.get("env") or {}).get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
-    for world_spec, out in zip(world_specs, worlds, strict=True):
+    for world_spec, out in zip(world_specs, worlds):  # one list per world (zip's strict= needs 3.10)
         local_of = {int(r): int(lr) for r, lr in world_spec["ranks"]}
         for res in out:
             res["node"] = socket.gethostname()

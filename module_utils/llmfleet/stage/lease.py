@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import json
 import os
 import re
@@ -496,7 +495,7 @@ class Lease:
             cutoff = time.time() - self.gc_after
             ns = [n for n in self._scan().get(slot, []) if n != _LEGACY]
             dfd = self._fd()
-            for old, newer in itertools.pairwise(ns):
+            for old, newer in zip(ns, ns[1:]):  # noqa: RUF007 (itertools.pairwise needs 3.10; nodes may run 3.8)
                 info = _read(self._name(slot, newer), dfd)
                 if info is None or _num(info.get("t"), cutoff) >= cutoff:
                     break  # records are created in order: the rest are younger
