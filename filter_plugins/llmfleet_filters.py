@@ -139,6 +139,35 @@ def llmfleet_router_plan(spec: Mapping) -> dict:
         raise AnsibleFilterError(str(e)) from e
 
 
+def llmfleet_wrapper_args(wrapper: Mapping, plan: Mapping, router_plan: Mapping | None = None) -> dict:
+    """The wrapper's command lines for this node's units (engine.plan.wrapper_args): "exec" for the engine's,
+    "router_exec" for the router's, and each option group by name. Errors name the variable to fix."""
+    from llmfleet.engine.command import PlanError
+    from llmfleet.engine.plan import wrapper_args
+
+    try:
+        return wrapper_args(wrapper, plan, router_plan)
+    except PlanError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
+def llmfleet_engine_profile(name: str) -> dict:
+    """engine_profile's profile (llmfleet.engines) as plain data: default_port, engine, separate_instances, ..."""
+    from llmfleet import engines
+
+    try:
+        return engines.get(name).as_dict()
+    except engines.UnknownProfile as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
+def llmfleet_engine_bench_tool(name: str, command: list, python: str) -> list:
+    """The engine's own serving benchmark from the engine's environment ([] for an engine without one)."""
+    from llmfleet import engines
+
+    return engines.bench_tool(name, list(command or []), str(python or ""))
+
+
 def llmfleet_systemd_line(argv: list) -> str:
     """ExecStart words for argv (quoted for systemd, % and $ escaped)."""
     from llmfleet.engine.command import systemd_command_line
@@ -223,6 +252,9 @@ class FilterModule:
             "llmfleet_nccl_cut_off": llmfleet_nccl_cut_off,
             "llmfleet_gpu_model": llmfleet_gpu_model,
             "llmfleet_engine_plan": llmfleet_engine_plan,
+            "llmfleet_engine_profile": llmfleet_engine_profile,
+            "llmfleet_engine_bench_tool": llmfleet_engine_bench_tool,
+            "llmfleet_wrapper_args": llmfleet_wrapper_args,
             "llmfleet_systemd_line": llmfleet_systemd_line,
             "llmfleet_ssh_argv": llmfleet_ssh_argv,
             "llmfleet_cache_env": llmfleet_cache_env,

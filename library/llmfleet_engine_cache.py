@@ -128,6 +128,7 @@ import os
 import pwd
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet import engines
 from ansible.module_utils.llmfleet.engine.command import PlanError, fingerprint
 from ansible.module_utils.llmfleet.engine.node import engine_versions, gpu_facts, model_identity, prepare_cache
 from ansible.module_utils.llmfleet.safefs import UnsafePathError
@@ -175,7 +176,7 @@ def run(module: AnsibleModule) -> None:
     except PlanError as e:
         module.fail_json(msg=str(e))
     ident = model_identity(p["model_path"])
-    pkg = "sglang" if p["engine"] == "sglang" else "vllm" if p["engine"].startswith("vllm") else p["engine"]
+    pkg = engines.kind(p["engine"]) or p["engine"]  # the engine package behind the profile (its version)
     inputs = {
         "engine": p["engine"],
         "engine_version": p["engine_version"] or vers["versions"].get(pkg) or "unknown",

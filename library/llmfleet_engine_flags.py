@@ -100,6 +100,7 @@ unknown:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmfleet import engines
 from ansible.module_utils.llmfleet.engine.command import PlanError, describe_unknown
 from ansible.module_utils.llmfleet.engine.helpflags import parse_help_flags, unknown_flags
 from ansible.module_utils.llmfleet.engine.node import help_text
@@ -109,7 +110,8 @@ def argument_spec() -> dict:
     """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
     return {
         "command": {"type": "list", "elements": "str", "required": True},
-        "profile": {"type": "str", "choices": ["sglang", "vllm", "vllm_pd", "custom", "router"], "required": True},
+        # Every engine profile, and the P/D router (DOCUMENTATION lists the same: tests/unit/test_engines.py).
+        "profile": {"type": "str", "choices": [*engines.names(), "router"], "required": True},
         "argv": {"type": "list", "elements": "str", "required": True},
         "timeout": {"type": "float", "default": 300},
         "cache_dir": {"type": "path", "default": ""},

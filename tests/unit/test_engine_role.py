@@ -43,8 +43,8 @@ PLAY = """
 
     - name: What the wrapper and the unit get
       ansible.builtin.copy:
-        content: "{{ {'secret_args': _engine_secret_args, 'credentials': _engine_credentials,
-                     'health_args': _engine_health_args} | to_json }}"
+        content: "{{ {'secret_args': _engine_wrapper_args.secret, 'credentials': _engine_credentials,
+                     'health_args': _engine_wrapper_args.health} | to_json }}"
         dest: "{{ out_dir }}/out.json"
         mode: "0644"
 
@@ -55,7 +55,7 @@ PLAY = """
         mode: "0644"
       vars:
         _engine_facts: {fingerprint: "0123456789abcdef", cache_dir: /mnt/nvme/llmfleet/cache/demo/0123456789abcdef}
-        _engine_exec_args: "{{ ['exec'] + _engine_secret_args + ['--'] + _engine_plan.argv }}"
+        _engine_exec_args: "{{ ['exec'] + _engine_wrapper_args.secret + ['--'] + _engine_plan.argv }}"
 """
 BASE_VARS = {
     "llmfleet_deployment": "demo",
@@ -439,7 +439,7 @@ PD_PLAY = """
 
     - name: This node's serving health probe (and the router's)
       ansible.builtin.copy:
-        content: "{{ {'engine': _engine_health_args, 'router': _engine_router_health_args} | to_json }}"
+        content: "{{ {'engine': _engine_wrapper_args.health, 'router': _engine_wrapper_args.router_health} | to_json }}"
         dest: "{{ out_dir }}/{{ inventory_hostname }}.health.json"
         mode: "0644"
 
@@ -457,7 +457,7 @@ PD_PLAY = """
         dest: "{{ out_dir }}/llmfleet-pd-router.service"
         mode: "0644"
       vars:
-        _engine_router_exec_args: "{{ ['exec'] + _engine_router_secret_args + ['--'] + _engine_router_plan.argv }}"
+        _engine_router_exec_args: "{{ ['exec'] + _engine_wrapper_args.router_secret + ['--'] + _engine_router_plan.argv }}"
       when: inventory_hostname == _engine_head
 
     - name: What the gate gets

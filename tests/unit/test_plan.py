@@ -5,6 +5,7 @@ import types
 
 import pytest
 
+from llmfleet import engines
 from llmfleet.engine import command as engine
 from llmfleet.engine.command import PlanError
 from llmfleet.engine.plan import node_plan, router_plan
@@ -65,7 +66,7 @@ def test_defaults_and_a_read_only_mapping():
     spec = types.MappingProxyType({"profile": "vllm", "model_path": "/models/m", "tp": None, "loader_threads": None})
     p = node_plan(spec, 0)
     assert p["ranks_per_node"] == 1 and p["nnodes"] == 1
-    assert p["fanout"]["threads_per_rank"] == engine.DEFAULT_LOADER_THREADS["vllm"]
+    assert p["fanout"]["threads_per_rank"] == engines.get("vllm").loader_threads
 
 
 @pytest.mark.parametrize(

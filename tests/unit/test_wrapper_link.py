@@ -523,6 +523,8 @@ def test_no_engine_starts_until_every_node_joined_and_the_missing_one_is_named(t
         prom = (metrics / "llmfleet_link_demo.prom").read_text()
         assert 'missing=""} 0' in prom and 'missing="w2"' not in prom, prom
         assert _missing(hstatus) is None
+        # A welcomed worker's status no longer says it waits (status listed it as waiting while it served).
+        assert _until("w1's status cleared", lambda: _missing(w1status) is None and json.loads(w1status.read_text()))
         head.p.send_signal(signal.SIGTERM)
         assert head.wait() == 0 and w1.wait() == 0 and w2.wait() == 0
     finally:

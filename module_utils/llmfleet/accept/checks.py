@@ -23,6 +23,7 @@ import re
 import time
 from typing import Any
 
+from .. import engines
 from .client import Client, Reply, StreamResult, error_message
 from .profile import CAPABILITIES
 
@@ -236,9 +237,12 @@ class Checker:
 
     def fix_tools(self) -> str:
         tp = self.p["tool_parser"] or "PARSER (the model's: e.g. hermes for <tool_call> JSON)"
-        v, s = f"vLLM: --enable-auto-tool-choice --tool-call-parser {tp}", f"SGLang: --tool-call-parser {tp}"
-        engine = self.p["engine"]
-        return "start the engine with " + (v if engine == "vllm" else s if engine == "sglang" else f"{v}; {s}")
+        # The named engine's flags, else every engine's (the profiles').
+        named = [self.p["engine"]] if self.p["engine"] in engines.engines() else list(engines.engines())
+        fixes = [engines.get(e) for e in named]
+        if len(fixes) == 1:
+            return f"start the engine with {fixes[0].label}: {fixes[0].tool_parser_flags} {tp}"
+        return "start the engine with " + "; ".join(f"{p.label}: {p.tool_parser_flags} {tp}" for p in fixes)
 
     def http_fix(self, r: Reply) -> str:
         msg = error_message(r.body).lower() if r.status else ""

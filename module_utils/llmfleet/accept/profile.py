@@ -14,6 +14,8 @@ import copy
 import json
 from typing import Any
 
+from .. import engines
+
 TIMES = "\u00d7"
 # The readiness gate's question (gate.DEFAULT_PROMPT): the deterministic model answers it exactly.
 DEFAULT_PROMPT = f"What is 37{TIMES}19? Reply with only the number."
@@ -41,7 +43,7 @@ PRODUCT_SCHEMA = {
 # In the order they run: cancel last (an engine that dies of a disconnect fails nothing after it).
 CAPABILITIES = ("reasoning", "reasoning_effort", "multi_turn", "tools", "json_schema", "long_context", "cancel")
 MODES = ("required", "check", "off")
-ENGINES = ("vllm", "sglang")
+ENGINES = engines.engines()  # whose flag names the fixes use (the profiles')
 REASONING_FIELDS = ("auto", "reasoning", "reasoning_content")
 
 CAPABILITY_OPTIONS: dict[str, dict[str, Any]] = {

@@ -50,16 +50,15 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from .. import engines
 from ..cli_grammar import CommaList, add_url, alias, int_list
 
 SCHEMA = "llmfleet.servebench/1"
-ENGINES = ("vllm", "sglang")
-DEFAULT_TOOL = {
-    "vllm": ["vllm", "bench", "serve"],
-    # The deprecated path works in every SGLang release (0.5.23 moved the code to sglang.benchmark.serving
-    # and keeps this one as an alias with a FutureWarning).
-    "sglang": ["python3", "-m", "sglang.bench_serving"],
-}
+# The engines whose serving benchmark this drives, and each one's tool (the profiles': llmfleet.engines). The
+# two tools differ in flags and result files: vLLM's `vllm bench serve` (JSON), SGLang's bench_serving (JSONL).
+_VLLM = engines.VLLM.engine
+ENGINES = tuple(e for e in engines.engines() if engines.get(e).bench_tool)
+DEFAULT_TOOL = {e: list(engines.get(e).bench_tool) for e in ENGINES}
 OK, FAILED, NOT_EXECUTED = "OK", "FAILED", "NOT_EXECUTED"
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES = (50, 95, 99)
@@ -264,13 +263,13 @@ class Settings:
 
 def result_name(settings: Settings, case: Case, label: str) -> str:
     """File name of one run's result under raw/: `in32-out8-c2.r1.json`, `.warmup.json` (SGLang: .jsonl)."""
-    return f"{case.id}.{label}.{'json' if settings.engine == 'vllm' else 'jsonl'}"
+    return f"{case.id}.{label}.{engines.get(settings.engine).bench_result_ext}"
 
 
 def build_argv(settings: Settings, case: Case, num_prompts: int, seed: int, result_path: str) -> list[str]:
     """The tool's argv for one run of `case` writing its result to `result_path`."""
     i, o, c = str(case.input_len), str(case.output_len), str(case.concurrency)
-    if settings.engine == "vllm":
+    if settings.engine == _VLLM:
         argv = [
             *settings.tool,
             "--backend", "openai",
@@ -399,7 +398,7 @@ def read_result(engine: str, path: str) -> dict[str, Any]:
     """Parse a result file (raises OSError / ValueError when absent or unreadable)."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    if engine == "vllm":
+    if engine == _VLLM:
         data = json.loads(text)
     else:  # JSONL, appended: the last line is this run's
         lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -408,7 +407,7 @@ def read_result(engine: str, path: str) -> dict[str, Any]:
         data = json.loads(lines[-1])
     if not isinstance(data, dict):
         raise ValueError("the result is not a JSON object")
-    return parse_vllm_result(data) if engine == "vllm" else parse_sglang_result(data)
+    return parse_vllm_result(data) if engine == _VLLM else parse_sglang_result(data)
 
 
 def finish_metrics(parsed: dict[str, Any], case: Case, requested: int, gpus: int | None) -> dict[str, Any]:
@@ -732,7 +731,7 @@ def run_benchmark(
 
 def method_dict(settings: Settings) -> dict[str, Any]:
     tool = " ".join(settings.tool)
-    if settings.engine == "vllm":
+    if settings.engine == _VLLM:
         data = "random token ids (--dataset-name random --random-range-ratio 0: fixed lengths)"
         eos = "--ignore-eos"
     else:

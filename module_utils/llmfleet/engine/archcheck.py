@@ -21,8 +21,13 @@ import re
 import sys
 from typing import Any
 
+from .. import engines
+
+# Captured from source (SGLang's models directory, read with ast); vLLM's by its own registry (VLLM_SNIPPET).
+_SGLANG = engines.SGLANG.registry
 REGISTRY_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "registries")
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+# The engines with a captured model registry (the profile's file stem), and how messages name them.
+ENGINE_NAMES = {e: engines.get(e).label for e in engines.engines() if engines.get(e).registry}
 
 
 class ArchCheckError(ValueError):
@@ -41,11 +46,12 @@ def version_key(version: str) -> tuple[int, ...]:
 def captured(engine: str, registry_dir: str | None = None) -> list[str]:
     """Versions with a registry file for `engine`, oldest first."""
     d = registry_dir or REGISTRY_DIR
+    stem = engines.get(engine).registry if engine in ENGINE_NAMES else engine
     try:
         names = os.listdir(d)
     except OSError:
         return []
-    out = [n[len(engine) + 1 : -5] for n in names if n.startswith(engine + "-") and n.endswith(".json")]
+    out = [n[len(stem) + 1 : -5] for n in names if n.startswith(stem + "-") and n.endswith(".json")]
     return sorted(out, key=version_key)
 
 
@@ -120,13 +126,7 @@ def check_config(
 
 # ---- capturing a registry (refreshing the data files; docs/engine-fit.md) --------------------------------------------
 
-VLLM_SNIPPET = (
-    "import json, importlib.metadata as md; "
-    "from vllm.model_executor.models.registry import ModelRegistry as R; "
-    "a = sorted(R.get_supported_archs()); "
-    "print(json.dumps({'version': md.version('vllm'), 'architectures': a, "
-    "'transformers_backend': [x for x in a if R.models[x].module_name.endswith('.transformers')]}))"
-)
+VLLM_SNIPPET = engines.VLLM_REGISTRY_SNIPPET
 
 
 def sglang_entry_classes(models_dir: str) -> list[str]:
@@ -168,13 +168,13 @@ def sglang_entry_classes(models_dir: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """python -m llmfleet.engine.archcheck sglang MODELS_DIR VERSION SOURCE  (prints the registry JSON)."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 4 or args[0] != "sglang":
+    if len(args) != 4 or args[0] != _SGLANG:
         print(main.__doc__, file=sys.stderr)
         print(f'vLLM: run, in the engine\'s venv: python -c "{VLLM_SNIPPET}"', file=sys.stderr)
         return 2
     _, models_dir, version, source = args
     reg = {
-        "engine": "sglang",
+        "engine": _SGLANG,
         "version": version,
         "source": source,
         "method": "archcheck.sglang_entry_classes: EntryClass of python/sglang/srt/models/*.py, read with ast",

@@ -14,58 +14,21 @@ import re
 import shlex
 from typing import Any
 
+from .. import engines
+from ..engines import vllm as _vllm
 from . import specdecode
 
-PROFILES = ("sglang", "vllm", "vllm_pd", "custom")
-DEFAULT_PORT = {"sglang": 30000, "vllm": 8000, "vllm_pd": 8000, "custom": 8000}
-DEFAULT_COMMAND = {"sglang": ["sglang", "serve"], "vllm": ["vllm", "serve"], "vllm_pd": ["vllm", "serve"]}
-# "router": vLLM's P/D router (vllm-router), whose flags the engine role checks like the engine's.
-HELP_ARGS = {"sglang": ["--help"], "vllm": ["--help=all"], "vllm_pd": ["--help=all"], "custom": ["--help"],
-             "router": ["--help"]}  # fmt: skip
-# Loader threads per rank when the deployment does not say: SGLang enables its multithread loader
-# with 8 threads by default (8 ranks x 8 threads = 64 readers per node in the field), vLLM's default
-# loader reads with one.
-DEFAULT_LOADER_THREADS = {"sglang": 8, "vllm": 1, "vllm_pd": 1, "custom": 1}
+# The profiles and everything engine-specific: llmfleet.engines (one module per engine).
+PROFILES = engines.names()
+DEFAULT_PORT = {p.name: p.default_port for p in engines.PROFILES.values()}
 
-# Log phrases that mean "this node's part is up" (the wrapper counts matching lines and sends READY=1).
-# The head (the API server): once per API server process. vLLM 0.32's uvicorn line (stderr, untagged) comes
-# after `Starting vLLM server on` and exactly once on a one-API-server head (tests/fixtures/engines/*.log).
-SERVING_RE = {
-    "sglang": r"The server is fired up and ready to roll!",
-    "vllm": r"Application startup complete",
-}
-# A node without the API, SGLang: every rank's scheduler logs its own last start-up line (count: local ranks).
-SGLANG_RANK_UP_RE = {"graphs": r"Capture cuda graph end", "eager": r"Load weight end"}
-# A node without the API, vLLM (--headless): count 1. The GPU model runner logs `Graph capturing finished` and
-# `Model loading took` with logger.info_once, whose default scope is the node's local rank 0 (vllm/logger.py,
-# v1/worker/gpu_model_runner.py in 0.32 and 0.33): once per node, so counting one per local rank never
-# completes. The CPU build logs neither; its last start-up line is each rank's `Explicitly set (1.0/13.84) GiB
-# for KV cache on node 0.` (`Auto set (...) GiB for KV cache on node N, ...` without VLLM_CPU_KVCACHE_SPACE;
-# v1/worker/cpu_worker.py, eager or not). The engine core sizes the KV cache on all local workers in one
-# collective call, so the first of those lines is as good as the last.
-VLLM_NODE_UP_RE = {
-    "graphs": r"Graph capturing finished|GiB for KV cache on node",
-    "eager": r"Model loading took|GiB for KV cache on node",
-}
-NO_GRAPH_FLAGS = {"sglang": "--disable-cuda-graph", "vllm": "--enforce-eager"}
-
-# vllm_pd: each node's KV role follows its engine_pd_role (vLLM 0.32 deprecates kv_both for NixlConnector:
-# "Please set kv_role='kv_producer' for prefill instances and kv_role='kv_consumer' for decode instances").
-PD_KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
-PD_DEFAULT_CONNECTOR = "NixlConnector"
-# vllm-router 0.1.17 logs `Router ready | workers: [...]` once every prefill and decode worker answered
-# /health (src/server.rs), i.e. when it can route; it waits up to --worker-startup-timeout-secs for that,
-# checking every --worker-startup-check-interval seconds (default 30: a ready deployment would wait for it).
-ROUTER_READY_RE = r"Router ready"
-ROUTER_CHECK_INTERVAL = 2
+# vLLM P/D's KV roles and default connector, and its router's READY line (llmfleet.engines.vllm).
+PD_KV_ROLE, PD_DEFAULT_CONNECTOR = _vllm.PD_KV_ROLE, _vllm.PD_DEFAULT_CONNECTOR
+ROUTER_READY_RE = _vllm.ROUTER.ready_re
 
 
 class PlanError(ValueError):
     """A deployment that cannot be rendered; the message names the variable and the fix."""
-
-
-def _flavour(profile: str) -> str:
-    return "sglang" if profile == "sglang" else "vllm"
 
 
 def check_layout(tp: int, pp: int, nnodes: int, gpus_per_node: int | None = None) -> int:
@@ -111,12 +74,12 @@ def speculative_flags(spec: dict[str, Any]) -> list[str]:
         raise PlanError(f"engine_speculative must be a mapping (method, num_steps, ...), got {cfg!r}")
     if not any(v not in (None, "") for v in cfg.values()):
         return []
-    if profile == "custom":
+    prof = engines.get(profile)
+    if not prof.spec_flags:
         raise PlanError(
-            "engine_speculative is set but engine_profile=custom runs engine_custom_argv as given: put the engine's "
-            "speculative flags there, or leave engine_speculative empty"
+            f"engine_speculative is set but engine_profile={profile} runs engine_custom_argv as given: put the "
+            "engine's speculative flags there, or leave engine_speculative empty"
         )
-    flavour = _flavour(profile)
     given = [
         a.split("=", 1)[0]
         for a in (str(x) for x in spec.get("extra_args") or [])
@@ -129,34 +92,29 @@ def speculative_flags(spec: dict[str, Any]) -> list[str]:
         )
     try:
         return specdecode.render_flags(
-            cfg, flavour, spec.get("speculative_enabled", True) not in (False, "false", "False")
+            cfg, prof.engine, spec.get("speculative_enabled", True) not in (False, "false", "False")
         )
     except specdecode.SpecError as e:
         raise PlanError(str(e)) from None
 
 
-# The engines' own NUMA placement of their GPU worker processes (ranks are processes the engine spawns, so a
-# unit-wide CPUAffinity/NUMAPolicy would put every rank on one node's CPUs). vLLM >= 0.33: one NUMA node per
-# visible GPU (applied with numactl); SGLang: one per subprocess (local TP rank i uses GPU i).
-NUMA_FLAGS = {"vllm": ("--numa-bind", "--numa-bind-nodes", "--numa-bind-cpus"), "sglang": ("--numa-node",)}
-
-
 def numa_flags(spec: dict[str, Any], profile: str, ranks_per_node: int) -> list[str]:
     """engine_numa_bind=auto: bind each GPU worker to its GPU's NUMA node (topology facts, in GPU index order),
-    when the node's GPUs span more than one NUMA node and every one is known; [] otherwise, for custom, and when
-    engine_extra_args already sets the engine's NUMA flags (the operator's placement wins)."""
-    if spec.get("numa_bind", "auto") != "auto" or profile == "custom":
+    when the node's GPUs span more than one NUMA node and every one is known; [] otherwise, for an engine without
+    NUMA flags (custom), and when engine_extra_args already sets the engine's NUMA flags (the operator's placement
+    wins). The engines place their GPU worker processes themselves (ranks are processes the engine spawns, so a
+    unit-wide CPUAffinity/NUMAPolicy would put every rank on one node's CPUs)."""
+    prof = engines.get(profile)
+    if spec.get("numa_bind", "auto") != "auto" or not prof.numa_flags:
         return []
     nodes = list(spec.get("gpu_numa_nodes") or [])
-    flavour = _flavour(profile)
-    if flavour == "sglang":
+    if prof.numa_per_rank:
         nodes = nodes[:ranks_per_node]
     if len(nodes) < ranks_per_node or any(n is None or int(n) < 0 for n in nodes) or len(set(nodes)) < 2:
         return []
-    if any(str(a).split("=", 1)[0] in NUMA_FLAGS[flavour] for a in spec.get("extra_args") or []):
+    if any(str(a).split("=", 1)[0] in prof.numa_flags for a in spec.get("extra_args") or []):
         return []
-    values = [str(int(n)) for n in nodes]
-    return ["--numa-bind", "--numa-bind-nodes", *values] if flavour == "vllm" else ["--numa-node", *values]
+    return list(prof.numa_bind) + [str(int(n)) for n in nodes]
 
 
 def render_argv(spec: dict[str, Any], node_rank: int) -> list[str]:
@@ -164,152 +122,87 @@ def render_argv(spec: dict[str, Any], node_rank: int) -> list[str]:
     nnodes, head_addr, dist_port, host, port, dist_timeout, context_length, loader_threads,
     speculative and speculative_enabled (engine_speculative), numa_bind and gpu_numa_nodes (engine_numa_bind,
     the topology's NUMA node per GPU), extra_args, kv_transfer_config and pd_role (vllm_pd), custom_argv
-    (custom)."""
+    (custom). The layout, the checks and the flags every engine shares are here; the engine's own words are
+    its profile's (llmfleet.engines)."""
     profile = spec.get("profile")
-    if profile not in PROFILES:
-        raise PlanError(f"engine_profile={profile!r}: choose one of {', '.join(PROFILES)}")
+    try:
+        prof = engines.get(profile)
+    except engines.UnknownProfile as e:
+        raise PlanError(str(e)) from None
     extra = [str(a) for a in spec.get("extra_args") or []]
     spec_flags = speculative_flags(spec)
     extra = spec_flags + extra
-    if profile == "custom":
+    if prof.render is None:  # custom: the operator's command as given
         argv = [str(a) for a in spec.get("custom_argv") or []]
         if not argv:
-            raise PlanError("engine_profile=custom needs engine_custom_argv (the full command as a list)")
+            raise PlanError(f"engine_profile={profile} needs engine_custom_argv (the full command as a list)")
         return argv + extra
-    command = [str(c) for c in (spec.get("command") or DEFAULT_COMMAND[profile])]
+    command = [str(c) for c in (spec.get("command") or prof.command)]
     model = spec.get("model_path")
     if not model:
         raise PlanError("engine_model_path is empty: point it at the staged revision (<root>/<model>/current)")
     tp, pp = int(_or1(spec.get("tp"))), int(_or1(spec.get("pp")))
-    nnodes = 1 if profile == "vllm_pd" else int(_or1(spec.get("nnodes")))
+    nnodes = node_count(profile, spec.get("nnodes"))
     check_layout(tp, pp, nnodes)
     if not 0 <= node_rank < nnodes:
         raise PlanError(f"node rank {node_rank} outside 0..{nnodes - 1}")
     extra = numa_flags(spec, profile, tp * pp // nnodes) + extra
     multi = nnodes > 1
-    head_addr, dist_port = spec.get("head_addr"), spec.get("dist_port")
-    if multi and (not head_addr or not dist_port):
+    if multi and (not spec.get("head_addr") or not spec.get("dist_port")):
         raise PlanError("a multi-node deployment needs the head's fabric address and engine_dist_port")
-    name = spec.get("served_model_name")
-    timeout, ctx = spec.get("dist_timeout"), spec.get("context_length")
     host, port = spec.get("host"), spec.get("port")
-    listen = (["--host", str(host)] if host else []) + (["--port", str(port)] if port else [])
-    if profile == "sglang":
-        argv = [*command, "--model-path", str(model)]
-        argv += ["--served-model-name", str(name)] if name else []
-        argv += ["--tp-size", str(tp)] + (["--pp-size", str(pp)] if pp > 1 else [])
-        if multi:
-            argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank)]
-            argv += ["--dist-init-addr", f"{head_addr}:{dist_port}"]
-        argv += ["--dist-timeout", str(timeout)] if timeout else []
-        argv += ["--context-length", str(ctx)] if ctx else []
-        argv += _loader_config(profile, spec.get("loader_threads"))
-        # Non-head SGLang nodes still bind --port for their dummy health server.
-        return argv + extra + listen
-    return _vllm_argv(profile, spec, command, str(model), node_rank, nnodes, extra, listen)
+    parts = {
+        "command": command,
+        "model": str(model),
+        "tp": tp,
+        "pp": pp,
+        "nnodes": nnodes,
+        "node_rank": node_rank,
+        "loader": _loader_config(profile, spec.get("loader_threads")),
+        "extra": extra,
+        "listen": (["--host", str(host)] if host else []) + (["--port", str(port)] if port else []),
+    }
+    try:
+        return prof.render(spec, parts)
+    except engines.ProfileError as e:
+        raise PlanError(str(e)) from None
 
 
-def _vllm_argv(  # noqa: PLR0917 (private helper of render_argv)
-    profile: str, spec: dict[str, Any], command: list[str], model: str, node_rank: int, nnodes: int,
-    extra: list[str], listen: list[str],
-) -> list[str]:  # fmt: skip
-    tp, pp = int(_or1(spec.get("tp"))), int(_or1(spec.get("pp")))
-    multi = nnodes > 1
-    name, timeout, ctx = spec.get("served_model_name"), spec.get("dist_timeout"), spec.get("context_length")
-    headless = multi and node_rank > 0
-    argv = [*command, model]
-    argv += ["--served-model-name", str(name)] if name else []
-    argv += ["--tensor-parallel-size", str(tp)] + (["--pipeline-parallel-size", str(pp)] if pp > 1 else [])
-    if multi:
-        argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank)]
-        argv += ["--master-addr", str(spec.get("head_addr")), "--master-port", str(spec.get("dist_port"))]
-        argv += ["--headless"] if headless else []
-    argv += ["--distributed-timeout-seconds", str(timeout)] if timeout else []
-    argv += ["--max-model-len", str(ctx)] if ctx else []
-    argv += _loader_config(profile, spec.get("loader_threads"))
-    argv += extra
-    if profile == "vllm_pd":
-        if any(a == "--kv-transfer-config" or a.startswith(("--kv-transfer-config=", "--kv-transfer-config.",
-                                                              "--kv_transfer_config")) for a in extra):  # fmt: skip
-            raise PlanError(
-                "engine_extra_args holds --kv-transfer-config: with engine_profile=vllm_pd the role writes it "
-                "from engine_kv_transfer_config and engine_pd_role; put connector options in engine_kv_transfer_config"
-            )
-        kv = pd_kv_transfer_config(spec.get("kv_transfer_config"), spec.get("pd_role"))
-        argv += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
-    return argv + ([] if headless else listen)
+def node_count(profile: str, nnodes: Any) -> int:
+    """Nodes one engine instance spans: the play's, or 1 where every node is an instance of its own (vllm_pd)."""
+    return 1 if engines.get(profile).separate_instances else int(_or1(nnodes))
 
 
 def pd_kv_transfer_config(config: dict[str, Any] | None, pd_role: str | None) -> dict[str, Any]:
-    """vllm_pd: the --kv-transfer-config of one instance. engine_kv_transfer_config gives the connector
-    (NixlConnector when it names none) and its options (kv_buffer_device, kv_connector_extra_config, ...);
-    kv_role always follows engine_pd_role (prefill: kv_producer, decode: kv_consumer). A kv_role there that
-    says otherwise is refused rather than silently overridden."""
-    if pd_role not in PD_KV_ROLE:
-        raise PlanError(
-            f"engine_pd_role={pd_role!r}: every vllm_pd node needs engine_pd_role prefill or decode (set it per "
-            "host, e.g. in host_vars)"
-        )
-    if config is not None and not isinstance(config, dict):
-        raise PlanError(f"engine_kv_transfer_config must be a mapping (the --kv-transfer-config JSON), got {config!r}")
-    cfg = {"kv_connector": PD_DEFAULT_CONNECTOR, **(config or {})}
-    want = PD_KV_ROLE[pd_role]
-    if cfg.get("kv_role") not in (None, want):
-        raise PlanError(
-            f"engine_kv_transfer_config.kv_role={cfg['kv_role']} contradicts engine_pd_role={pd_role} ({want}): "
-            "leave kv_role out, the role sets it from engine_pd_role"
-        )
-    cfg["kv_role"] = want
-    return cfg
+    """vllm_pd: the --kv-transfer-config of one instance (llmfleet.engines.vllm.pd_kv_transfer_config)."""
+    try:
+        return _vllm.pd_kv_transfer_config(config, pd_role)
+    except engines.ProfileError as e:
+        raise PlanError(str(e)) from None
 
 
 def render_router_argv(spec: dict[str, Any]) -> list[str]:
-    """vllm_pd: the argv of vLLM's P/D router (vllm-router 0.1.17) on the head. spec keys: command, host,
-    port, instances ([{name, role, url}]: every prefill and decode instance as the router reaches it),
-    startup_timeout (seconds the router waits for its workers' /health), extra_args."""
-    command = [str(c) for c in spec.get("command") or ["vllm-router"]]
-    instances = list(spec.get("instances") or [])
-    prefill = [i for i in instances if i.get("role") == "prefill"]
-    decode = [i for i in instances if i.get("role") == "decode"]
-    if not prefill or not decode:
-        roles = ", ".join(f"{i.get('name')}={i.get('role') or '(unset)'}" for i in instances) or "no nodes"
-        raise PlanError(
-            f"engine_profile=vllm_pd needs at least one node with engine_pd_role=prefill and one with decode "
-            f"in the play (got {roles})"
-        )
-    host, port = spec.get("host"), spec.get("port")
-    if not port:
-        raise PlanError("engine_pd_router_port is unset: the P/D router needs a port")
-    argv = [*command, "--vllm-pd-disaggregation"]
-    argv += (["--host", str(host)] if host else []) + ["--port", str(port)]
-    for i in prefill:
-        argv += ["--prefill", str(i["url"])]
-    for i in decode:
-        argv += ["--decode", str(i["url"])]
-    timeout = spec.get("startup_timeout")
-    argv += ["--worker-startup-timeout-secs", str(int(timeout))] if timeout else []
-    argv += ["--worker-startup-check-interval", str(ROUTER_CHECK_INTERVAL)]
-    return argv + [str(a) for a in spec.get("extra_args") or []]
+    """vllm_pd: the argv of vLLM's P/D router on the head (llmfleet.engines.vllm.render_router_argv)."""
+    try:
+        return _vllm.render_router_argv(spec)
+    except engines.ProfileError as e:
+        raise PlanError(str(e)) from None
 
 
 def ready_rule(profile: str, node_rank: int, nnodes: int, ranks_per_node: int, argv: list[str]) -> dict:
     """When the wrapper may send READY=1 for this node: the head when it serves; another node when its
     start-up is done (SGLang: every local rank captured CUDA graphs, or loaded weights when graphs are off;
     vLLM: the node's once-per-node graph / weights line, or the CPU build's KV-cache line)."""
-    flavour = _flavour(profile)
-    if profile == "custom":
-        return {"regex": SERVING_RE["vllm"] + "|" + SERVING_RE["sglang"], "count": 1}
-    if node_rank == 0 or profile == "vllm_pd":
-        return {"regex": SERVING_RE[flavour], "count": 1}
-    mode = "eager" if NO_GRAPH_FLAGS[flavour] in argv else "graphs"
-    if flavour == "sglang":
-        return {"regex": SGLANG_RANK_UP_RE[mode], "count": max(1, ranks_per_node)}
-    return {"regex": VLLM_NODE_UP_RE[mode], "count": 1}
+    prof = engines.get(profile)
+    if serves_api(profile, node_rank) or not prof.node_up_re:
+        return {"regex": prof.serving_re, "count": 1}
+    mode = "eager" if prof.no_graph_flag in argv else "graphs"
+    return {"regex": prof.node_up_re[mode], "count": max(1, ranks_per_node) if prof.node_up_per_rank else 1}
 
 
 def serves_api(profile: str, node_rank: int) -> bool:
     """Whether this node answers the OpenAI API (SGLang workers only fake /health)."""
-    return node_rank == 0 or profile == "vllm_pd"
+    return node_rank == 0 or engines.get(profile).separate_instances
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,8 +273,8 @@ CACHE_ENV = {
     "TVM_FFI_CACHE_DIR": "tvm-ffi",
     "TILELANG_CACHE_DIR": "tilelang",
     "CUDA_CACHE_PATH": "nv",
-    "SGLANG_CACHE_DIR": "sglang",
-    "VLLM_CACHE_ROOT": "vllm",
+    # the engines' own cache roots (each profile's cache_env)
+    **{var: sub for e in engines.engines() for var, sub in engines.get(e).cache_env.items()},
 }
 
 
@@ -397,7 +290,7 @@ def loader_fanout(
     profile: str, nnodes: int, ranks_per_node: int, threads: int | None, shared_storage: bool
 ) -> dict[str, Any]:
     """Concurrent readers of the model files at load time (8 ranks x 8 threads = 64-way on one node in the field)."""
-    t = threads if threads is not None else DEFAULT_LOADER_THREADS.get(profile, 1)
+    t = threads if threads is not None else engines.get(profile).loader_threads
     per_node = ranks_per_node * t
     total = per_node * (nnodes if shared_storage else 1)
     where = "shared storage" if shared_storage else "each node's local disk"

@@ -20,19 +20,17 @@ import os
 import re
 from typing import Any
 
+from .. import engines
 from ..stage.checkpoint import INDEX_NAME, SINGLE_NAME, HeaderError, parse_header, safe_member
 
 GIB = 1 << 30
 MIB = 1 << 20
 
-ENGINES = ("vllm", "sglang")
-# The engines' names for the knobs a fix turns (vLLM 0.32/0.33 and SGLang 0.5.23 --help).
-FLAGS = {
-    "vllm": {"fraction": "--gpu-memory-utilization", "max_len": "--max-model-len", "seqs": "--max-num-seqs",
-             "kv_fp8": "--kv-cache-dtype fp8"},
-    "sglang": {"fraction": "--mem-fraction-static", "max_len": "--context-length", "seqs": "--max-running-requests",
-               "kv_fp8": "--kv-cache-dtype fp8_e4m3"},
-}  # fmt: skip
+# The engines the fit check knows, and their names for the knobs a fix turns (the profiles': llmfleet.engines).
+ENGINES = tuple(e for e in engines.engines() if engines.get(e).fit_flags)
+FLAGS = {e: dict(engines.get(e).fit_flags) for e in ENGINES}
+# Where the engines' memory accounting differs (vLLM's layer split, state dtypes and margin; SGLang's).
+_VLLM, _SGLANG = engines.VLLM.engine, engines.SGLANG.engine
 
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4, "float": 4}
 FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
@@ -143,7 +141,7 @@ def pp_layer_split(n_layers: int, pp: int, engine: str, partition: list[int] | N
     else:
         parts = [n_layers // pp] * pp
         rem = n_layers % pp
-        if engine == "vllm":
+        if engine == _VLLM:
             for i in range(2, rem + 2):
                 parts[-i] += 1
         else:
@@ -187,7 +185,7 @@ def attention_cost(
     layers: tuple[int, int] | None = None,
     kv_cache_dtype: str = "auto",
     max_model_len: int = 0,
-    engine: str = "vllm",
+    engine: str = _VLLM,
     ssm_dtype: str = "auto",
 ) -> dict[str, Any]:
     """KV cache bytes per token and per-sequence state bytes on one rank holding `layers` [start, end).
@@ -275,9 +273,9 @@ def _gdn_state_bytes(cfg: dict[str, Any], tp: int, engine: str, ssm_dtype: str, 
         notes.append("linear-attention layers without Gated-DeltaNet fields: their state is not modelled")
         return 0
     model_b = model_dtype_bytes(cfg)
-    conv_b = model_b if engine == "vllm" else 2
+    conv_b = model_b if engine == _VLLM else 2
     if ssm_dtype in ("auto", "", None):
-        ssm_b = model_b if engine == "vllm" else DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype") or "float32"), 4)
+        ssm_b = model_b if engine == _VLLM else DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype") or "float32"), 4)
     else:
         ssm_b = DTYPE_BYTES.get(ssm_dtype)
         if ssm_b is None:
@@ -366,7 +364,7 @@ def estimate(
     pp: int = 1,
     gpu_memory_bytes: int,
     mem_fraction: float,
-    engine: str = "vllm",
+    engine: str = _VLLM,
     max_model_len: int,
     max_seqs: int = 1,
     kv_cache_dtype: str = "auto",
@@ -410,7 +408,7 @@ def estimate(
     outside = gpu_memory_bytes - usable
     wanted_tokens = max_model_len * max_seqs
     rows = []
-    vllm_margin = margin if engine == "vllm" else 0
+    vllm_margin = margin if engine == _VLLM else 0
     for s, (a, b) in enumerate(stages):
         att = attention_cost(
             ckpt["config"],
@@ -441,7 +439,7 @@ def estimate(
         )
     worst = min(rows, key=lambda r: (r["tokens_fit"], -r["weights_bytes"]))
     tokens_fit = worst["tokens_fit"]
-    short_margin = engine == "sglang" and outside < margin
+    short_margin = engine == _SGLANG and outside < margin
     # Not even one full-length request without any margin: the engine cannot serve the configured length.
     # Short only by the margin (an estimate, not a measurement): tight, never "does not fit".
     if min(r["tokens_fit_without_margin"] for r in rows) < max_model_len:
@@ -597,7 +595,7 @@ def _message(e: dict[str, Any]) -> str:
     budget = (
         f"{_gib(e['usable_bytes'])} usable ({_gib(e['gpu_memory_bytes'])} x {e['mem_fraction']:g} {flags['fraction']})"
     )
-    margin = f" + margin {_gib(e['margin_bytes'])}" if e["engine"] == "vllm" else ""
+    margin = f" + margin {_gib(e['margin_bytes'])}" if e["engine"] == _VLLM else ""
     need = (
         f"weights {_gib(e['weights_per_rank_bytes'])}{margin} + KV {_gib(e['kv_wanted_bytes'])} "
         f"({e['max_model_len']:,} tokens x {e['max_seqs']} seqs)"
@@ -625,82 +623,8 @@ def _message(e: dict[str, Any]) -> str:
 # ---- the engine's own breakdown, from its start-up log ---------------------------------------------------------------
 
 
-def _gib_sum(*groups: str | None) -> float:
-    return round(sum(float(g) for g in groups if g), 2)
-
-
-# Real formats, with the source of each (vLLM 0.32.0 as installed; SGLang 0.5.23 wheel from PyPI). Each entry:
-# engine, regex, and the fields one match gives.
-_BREAKDOWN = (
-    # vllm/v1/worker/gpu_model_runner.py: "Model loading took %s GiB memory and %.6f seconds" (format_gib: 2 dp)
-    ("vllm", re.compile(r"Model loading took (-?[\d.]+) GiB memory"), lambda m: {"weights_gib": float(m[1])}),
-    # vllm/v1/worker/gpu_worker.py: "Available KV cache memory: %s GiB"
-    ("vllm", re.compile(r"Available KV cache memory: (-?[\d.]+) GiB"), lambda m: {"kv_gib": float(m[1])}),
-    # vllm/v1/core/kv_cache_utils.py: "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request:
-    # %.2fx" (pools: GPU, CPU, "GPU + host"; numbers with thousands separators)
-    (
-        "vllm",
-        re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
-        lambda m: {
-            "kv_tokens": int(m[1].replace(",", "")),
-            "max_model_len": int(m[2].replace(",", "")),
-            "max_concurrency": float(m[3]),
-        },
-    ),
-    # vllm/v1/worker/gpu_model_runner.py: "Graph capturing finished in %.0f secs, took %.2f GiB"
-    (
-        "vllm",
-        re.compile(r"Graph capturing finished in \d+ secs, took (-?[\d.]+) GiB"),
-        lambda m: {"graph_gib": float(m[1])},
-    ),
-    # vllm/v1/worker/cpu_worker.py (CPU build): "Explicitly set (1.0/13.84) GiB for KV cache on node 0."
-    (
-        "vllm",
-        re.compile(r"(?:Explicitly|Auto) set \(([\d.]+)/[\d.]+\) GiB for KV cache on node"),
-        lambda m: {"kv_gib": float(m[1])},
-    ),
-    # sglang/srt/model_executor/model_runner.py: "Load weight end. elapsed=… s, type=…, [quant, ]avail mem=… GB,
-    # mem usage=… GB." (GB here is GiB: get_available_gpu_memory divides by 1 << 30)
-    ("sglang", re.compile(r"Load weight end\..*?mem usage=(-?[\d.]+) GB"), lambda m: {"weights_gib": float(m[1])}),
-    # sglang/srt/mem_cache/memory_pool.py: "[label ]KV Cache is allocated. dtype: …, #tokens: N, K size: … GB,
-    # V size: … GB" or "… KV size: … GB" (MLA); "VA upper bound" instead of "is allocated" after post-capture sizing
-    (
-        "sglang",
-        re.compile(
-            r"KV Cache (?:is allocated|VA upper bound)\. dtype: \S+, #tokens: (\d+), "
-            r"(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
-        ),
-        lambda m: {"kv_tokens": int(m[1]), "kv_gib": _gib_sum(m[2], m[3], m[4])},
-    ),
-    # sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py: "Capture target decode CUDA graph end.
-    # bs=[…], elapsed=… s, mem usage=… GB, avail mem=… GB." (and prefill / draft variants; older: "cuda graph");
-    # several captures add up
-    (
-        "sglang",
-        re.compile(r"Capture .*?(?:CUDA|cuda|CPU|NPU|XPU) graph end\..*?mem usage=(-?[\d.]+) GB"),
-        lambda m: {"graph_gib+": float(m[1])},
-    ),
-    # sglang/srt/mem_cache/memory_pool.py: "Mamba Cache is allocated. max_mamba_cache_size: N, conv_state size:
-    # …GB, ssm_state size: …GB"
-    (
-        "sglang",
-        re.compile(
-            r"Mamba Cache is allocated\. max_mamba_cache_size: \d+, conv_state size: ([\d.]+)GB, "
-            r"ssm_state size: ([\d.]+)GB"
-        ),
-        lambda m: {"state_gib": _gib_sum(m[1], m[2])},
-    ),
-    # sglang/srt/managers/scheduler.py (TP rank 0): "max_total_num_tokens=N, chunked_prefill_size=…, …,
-    # max_running_requests=…, context_len=…, available_gpu_mem=… GB"
-    (
-        "sglang",
-        re.compile(r"max_total_num_tokens=(\d+), .*?max_running_requests=(\d+), context_len=(\d+)"),
-        lambda m: {"max_total_num_tokens": int(m[1]), "max_running_requests": int(m[2]), "max_model_len": int(m[3])},
-    ),
-)
-# The rank a line is from: vLLM "(Worker_TP3 pid=…)" / "(Worker_PP1_TP3 pid=…)"; SGLang "[… PP1 TP3]".
-_VLLM_RANK = re.compile(r"\((Worker_[A-Z]+\d+(?:_[A-Z]+\d+)*) pid=\d+\)")
-_SGL_RANK = re.compile(r"^\[[^\]]*?((?: ?(?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)+)\]")
+# The engines' own start-up lines, with the source of each, and the rank a line is from: the profiles'
+# fit_breakdown and rank_re (llmfleet.engines.vllm / .sglang).
 # How the per-rank figures combine into the deployment's: the rank that limits it.
 _PICK = {
     "weights_gib": max,
@@ -716,7 +640,7 @@ _PICK = {
 
 
 def _rank_of(line: str, engine: str) -> str:
-    m = (_VLLM_RANK if engine == "vllm" else _SGL_RANK).search(line)
+    m = engines.get(engine).rank_re.search(line)
     return m.group(1).strip() if m else ""
 
 
@@ -732,8 +656,8 @@ def parse_breakdown(lines: list[str] | str, engine: str) -> dict[str, Any]:
         lines = lines.splitlines()
     ranks: dict[str, dict[str, Any]] = {}
     for line in lines:
-        for eng, rx, fields in _BREAKDOWN:
-            m = rx.search(line) if eng == engine else None
+        for rx, fields in engines.get(engine).fit_breakdown:
+            m = rx.search(line)
             if not m:
                 continue
             r = ranks.setdefault(_rank_of(line, engine), {})

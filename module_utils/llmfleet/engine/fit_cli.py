@@ -18,6 +18,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+from .. import engines
 from ..cli_grammar import finite_positive
 from . import archcheck, fit, startscan
 
@@ -52,11 +53,10 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the architecture check and every term as JSON")
 
 
-# The engine flags that size the KV cache, per engine: (max_model_len, max_seqs, mem_fraction, kv_cache_dtype).
-ARGV_FLAGS = {
-    "vllm": ("--max-model-len", "--max-num-seqs", "--gpu-memory-utilization", "--kv-cache-dtype"),
-    "sglang": ("--context-length", "--max-running-requests", "--mem-fraction-static", "--kv-cache-dtype"),
-}
+# The engine flags that size the KV cache, per engine (the profiles'): (max_model_len, max_seqs, mem_fraction,
+# kv_cache_dtype).
+ARGV_FLAGS = {e: engines.get(e).fit_argv_flags for e in fit.ENGINES}
+_VLLM, _SGLANG = engines.VLLM.engine, engines.SGLANG.engine
 
 
 def flags_from_argv(argv: list[str], engine: str) -> dict[str, str]:
@@ -81,20 +81,16 @@ def uses_mtp(argv: list[str], engine: str) -> bool:
     for i, a in enumerate(argv):
         flag, eq, val = a.partition("=")
         val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-        if engine == "vllm" and flag.replace("_", "-") in ("--speculative-config", "-sc"):
+        if engine == _VLLM and flag.replace("_", "-") in ("--speculative-config", "-sc"):
             try:
                 doc = json.loads(val)
             except ValueError:
                 continue
             if isinstance(doc, dict) and doc.get("method") == "mtp":
                 return True
-        if (
-            engine == "vllm"
-            and flag.replace("_", "-") in ("--speculative-config.method", "-sc.method")
-            and val == "mtp"
-        ):
+        if engine == _VLLM and flag.replace("_", "-") in ("--speculative-config.method", "-sc.method") and val == "mtp":
             return True
-        if engine == "sglang" and flag == "--speculative-algorithm" and val.upper() == "NEXTN":
+        if engine == _SGLANG and flag == "--speculative-algorithm" and val.upper() == "NEXTN":
             return True
     return False
 
@@ -151,7 +147,7 @@ def run_fit(args: argparse.Namespace) -> int:
         mem = _gpu_memory(args)
         est = None
         if mem is not None:
-            fraction = args.mem_fraction or (VLLM_DEFAULT_FRACTION if args.engine == "vllm" else None)
+            fraction = args.mem_fraction or (VLLM_DEFAULT_FRACTION if args.engine == _VLLM else None)
             if fraction is None:
                 fraction = sglang_own_fraction(mem, args.tp, args.pp, args.max_seqs)
                 fraction_note = f"--mem-fraction-static {fraction:.3f} by SGLang's own rule (none given)"

@@ -54,21 +54,18 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from .. import engines
+
 # One argparse option line: exactly two spaces, then an option string.
 _OPTION_LINE = re.compile(r"^  (-[^\s-]|--[^\s-])")
 _OPTION = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _INVERSE = {"--enable-": "--disable-", "--disable-": "--enable-"}
-# Flags a front-end takes before the help-printing parser sees argv (sglang/cli/serve.py).
-ENGINE_EXTRA_FLAGS = {"sglang": {"--model-type": True}}
+# How each engine reads argv (below): by the engine behind the profile (llmfleet.engines.kind).
+_VLLM = engines.VLLM.engine  # FlexibleArgumentParser: underscores, dotted keys, -O
 
 
 def _engine_kind(engine: str | None) -> str:
-    e = (engine or "").lower()
-    if e.startswith("vllm"):
-        return "vllm"
-    if e.startswith("sglang"):
-        return "sglang"
-    return "other"
+    return engines.kind(engine) or "other"
 
 
 def _inverse(option: str) -> str | None:
@@ -115,7 +112,9 @@ def parse_help_options(text: str, engine: str | None = None) -> dict[str, bool]:
             options.update(items)
             for hidden in _hidden_no_forms(items):
                 options.setdefault(hidden, False)
-    for name, takes_value in ENGINE_EXTRA_FLAGS.get(_engine_kind(engine), {}).items():
+    kind = _engine_kind(engine)
+    extra = engines.get(kind).help_extra_flags if kind in engines.PROFILES else {}
+    for name, takes_value in extra.items():
         options.setdefault(name, takes_value)
     return options
 
@@ -170,12 +169,12 @@ def resolve_flag(
     out: dict[str, Any] = {"known": False, "option": None, "how": "unknown", "matches": []}
     if not flag.startswith("-") or flag in ("-", "--"):
         out["how"] = "malformed"
-    elif kind == "vllm" and flag.startswith("-O") and not flag.startswith("--"):
+    elif kind == _VLLM and flag.startswith("-O") and not flag.startswith("--"):
         if "--optimization-level" in flags:  # -O3, -O=3, -Odecode, -O <n>
             out.update(known=True, option="--optimization-level", how="-O")
     else:
         key, how = flag.split("=", 1)[0], "exact"
-        if kind == "vllm":
+        if kind == _VLLM:
             key, how = _vllm_key(key)
         if how == "malformed":
             out["how"] = how
@@ -210,7 +209,7 @@ def did_you_mean(flag: str, flags: set[str] | dict[str, bool], engine: str | Non
     if r["how"] == "abbreviation":
         return [r["option"]]
     key = flag.split("=", 1)[0]
-    if _engine_kind(engine) == "vllm" and key.startswith("--"):
+    if _engine_kind(engine) == _VLLM and key.startswith("--"):
         key = "--" + key[2:].split(".", 1)[0].replace("_", "-")
     # long options first; `--no-x` only when the flag was a `--no-` one (else `--x` is the hint)
     pool = sorted((f for f in set(flags) if key.startswith("--no-") or not f.startswith("--no-")),

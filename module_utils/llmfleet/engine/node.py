@@ -1,6 +1,6 @@
 """The engine role's node-side probes: the versions and GPU facts hashed into the compile-cache
 fingerprint, the model's identity, the per-fingerprint cache directory (created and collected without
-following links the engine user could plant) and the engine's own --help. engine.py holds the pure
+following links the engine user could plant) and the engine's own --help. command.py holds the pure
 launch plan these feed."""
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import re
 import stat
 from typing import Any
 
+from .. import engines
 from ..engine_env import EngineEnvError, popen_kwargs
 from ..safefs import chown_fd, lstat_at, only_root_can_change, open_dir, rmtree_at, subdir, write_file_at
-from .command import HELP_ARGS, PlanError
+from .command import PlanError
 
+# The engines' own packages (the profiles'), then the kernel libraries they load.
 KERNEL_LIBS = (
-    "sglang",
-    "vllm",
+    *engines.engines(),
     "sgl-kernel",
     "flashinfer-python",
     "deep-gemm",
@@ -288,10 +289,11 @@ def help_text(
         text = _cached_help(cache_dir, name)
         if text is not None:
             return text, True
-    rc, out = _run(list(command) + HELP_ARGS.get(profile, ["--help"]), timeout, engine=True, run_as=run_as)
+    args = list(engines.help_args(profile))
+    rc, out = _run(list(command) + args, timeout, engine=True, run_as=run_as)
     if rc != 0 or not out.strip():
         raise PlanError(
-            f"`{' '.join(command + HELP_ARGS.get(profile, ['--help']))}` failed (exit {rc}): {out.strip()[-400:]}; "
+            f"`{' '.join(list(command) + args)}` failed (exit {rc}): {out.strip()[-400:]}; "
             + (
                 "check engine_pd_router_command (the P/D router must be installed on the head)"
                 if profile == "router"

@@ -17,6 +17,8 @@ import math
 import re
 from typing import Any
 
+from .. import engines
+
 # One name per method, the engine role's (vLLM's own spellings); SGLang's --speculative-algorithm for each.
 # mtp: the checkpoint's own multi-token-prediction layers (vLLM method "mtp"; SGLang NEXTN, which its
 # server_args turns into EAGLE over those layers). draft_model: a separate smaller model of the same
@@ -27,12 +29,10 @@ SGLANG_ALGORITHM = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN", "ngram
 # speculative model" for them (vllm/config/speculative.py); SGLang needs --speculative-draft-model-path.
 NEEDS_DRAFT = ("eagle", "eagle3", "draft_model")
 KEYS = ("method", "num_steps", "topk", "num_draft_tokens", "draft_model_path")
-# Every flag render_flags may emit, per engine (tests check each against the captured --help).
-FLAGS = {
-    "vllm": ("--speculative-config",),
-    "sglang": ("--speculative-algorithm", "--speculative-num-steps", "--speculative-eagle-topk",
-               "--speculative-num-draft-tokens", "--speculative-draft-model-path"),
-}  # fmt: skip
+# Every flag render_flags may emit, per engine (the profiles'; tests check each against the captured --help).
+FLAGS = {e: engines.get(e).spec_flags for e in engines.engines()}
+# The two engines' own speculative settings: vLLM one JSON config of a draft chain, SGLang a draft tree in flags.
+_VLLM, _SGLANG = engines.VLLM.engine, engines.SGLANG.engine
 
 
 class SpecError(ValueError):
@@ -65,7 +65,7 @@ def validate(cfg: dict[str, Any] | None, engine: str) -> dict[str, Any]:
         raise SpecError(f"engine_speculative has unknown keys {', '.join(unknown)}: the keys are {', '.join(KEYS)}")
     out = _method_and_steps(cfg)
     topk, draft_tokens = _positive(cfg, "topk"), _positive(cfg, "num_draft_tokens")
-    if engine == "vllm":
+    if engine == _VLLM:
         # vLLM drafts one chain of num_speculative_tokens; topk / draft tokens are SGLang's tree settings.
         extra = [
             k for k, bad in (("topk", topk not in (None, 1)), ("num_draft_tokens", draft_tokens is not None)) if bad
@@ -128,7 +128,7 @@ def render_flags(cfg: dict[str, Any] | None, engine: str, enabled: bool = True) 
     c = validate(cfg, engine)
     if not c or not enabled:
         return []
-    if engine == "vllm":
+    if engine == _VLLM:
         doc = {"method": c["method"], "num_speculative_tokens": c["num_steps"]}
         if "draft_model_path" in c:
             doc["model"] = c["draft_model_path"]
@@ -213,7 +213,7 @@ def parse_metrics(text: str) -> dict[str, Any] | None:
     if "drafts" in sums:
         drafts, drafted, accepted = sums["drafts"], sums.get("draft_tokens", 0.0), sums.get("accepted_tokens", 0.0)
         return {
-            "engine": "vllm",
+            "engine": _VLLM,
             "source": "counters since start",
             "drafts": int(drafts),
             "draft_tokens": int(drafted),
@@ -226,7 +226,7 @@ def parse_metrics(text: str) -> dict[str, Any] | None:
     if gauges:
         mean = {k: sum(v) / len(v) for k, v in gauges.items()}
         return {
-            "engine": "sglang",
+            "engine": _SGLANG,
             "source": "gauges of the last logging interval",
             "acceptance_rate": mean.get("acceptance_rate"),
             "mean_accepted_length": mean.get("mean_accepted_length"),
@@ -238,10 +238,10 @@ def verdict(measured: dict[str, Any] | None, num_steps: int, draft_cost: float =
     """pays / marginal / does not pay / not judged, with the estimated speed-up and why."""
     if not measured or measured.get("mean_accepted_length") is None:
         return {"verdict": "not judged", "why": "the engine reported no speculative-decoding figures"}
-    if measured.get("engine") == "vllm" and measured.get("drafts", 0) < MIN_DRAFTS:
+    if measured.get("engine") == _VLLM and measured.get("drafts", 0) < MIN_DRAFTS:
         why = f"{measured.get('drafts', 0)} drafts so far (< {MIN_DRAFTS}): read it again after real traffic"
         return {"verdict": "not judged", "why": why}
-    if measured.get("engine") == "sglang" and measured["mean_accepted_length"] <= 0:
+    if measured.get("engine") == _SGLANG and measured["mean_accepted_length"] <= 0:
         return {"verdict": "not judged", "why": "SGLang's gauge is 0: no decode step since its last log interval"}
     length = float(measured["mean_accepted_length"])
     speedup = length / (1 + num_steps * draft_cost)
@@ -258,7 +258,7 @@ def summary(measured: dict[str, Any] | None, num_steps: int) -> str:
         return f"speculative decoding: {v['verdict']} ({v['why']})"
     rate = measured.get("acceptance_rate")
     parts = [f"acceptance {rate:.1%}" if rate is not None else "acceptance -"]
-    if measured.get("engine") == "vllm":
+    if measured.get("engine") == _VLLM:
         parts.append(f"{measured['accepted_tokens']:,} of {measured['draft_tokens']:,} drafted tokens")
     return f"speculative decoding: {v['verdict']}: " + ", ".join(parts) + f"; {v['why']}"
 

@@ -14,10 +14,15 @@ import re
 import subprocess
 from typing import Any, NamedTuple
 
+from .. import engines
+
+# Rules are grouped by topic (MoE configs, kernels, graphs, libraries) across engines, each tagged with its engine.
+_VLLM, _SGLANG, ANY = engines.VLLM.engine, engines.SGLANG.engine, "any"
+
 
 class Rule(NamedTuple):
     id: str
-    engine: str  # "vllm", "sglang" or "any"
+    engine: str  # the engine whose line it is (a profile's engine), or ANY
     pattern: re.Pattern[str]
     what: str
     cost: str
@@ -37,7 +42,7 @@ RULES = (
     #   "Using default MoE config. Performance might be sub-optimal! Config file not found at %s", paths)
     Rule(
         "vllm-moe-default-config",
-        "vllm",
+        _VLLM,
         re.compile(r"Using default MoE config\. Performance might be sub-optimal! Config file not found at (.+)$"),
         "no tuned fused-MoE config for this GPU, expert shape and dtype",
         _MOE_COST,
@@ -50,7 +55,7 @@ RULES = (
     #   create them with https://github.com/sgl-project/sglang/tree/main/benchmark/kernels/fused_moe_triton"
     Rule(
         "sglang-moe-default-config",
-        "sglang",
+        _SGLANG,
         re.compile(
             r"Using default MoE kernel config\. Performance might be sub-optimal! Config file not found at (.+?), you "
             r"can create them"
@@ -65,7 +70,7 @@ RULES = (
     #   %s. Performance might be sub-optimal!"
     Rule(
         "sglang-moe-other-triton-config",
-        "sglang",
+        _SGLANG,
         re.compile(r"Config file not found at (.+?)\. Fallback to triton version (\S+) and use MoE kernel config"),
         "the fused-MoE config was tuned under another Triton version",
         "SGLang keys configs by Triton version because a Triton 3.1.0 config under 3.2.0 gave negative gains (its "
@@ -77,7 +82,7 @@ RULES = (
     # file not found at %s" (SGLang's file names hold a space: block_shape=[128, 128])
     Rule(
         "block-fp8-default-config",
-        "any",
+        ANY,
         re.compile(
             r"Using default W8A8 Block FP8 kernel config\. Performance might be sub-optimal! Config file not "
             r"found at (.+)$"
@@ -91,7 +96,7 @@ RULES = (
     #   Performance might be sub-optimal! Config file not found at %s"
     Rule(
         "vllm-mamba-default-config",
-        "vllm",
+        _VLLM,
         re.compile(
             r"Using default Mamba SSU config\. Performance might be sub-optimal! Config file not found at (.+)$"
         ),
@@ -104,7 +109,7 @@ RULES = (
     #   %s. Using %s instead, which may result in reduced performance. ..."
     Rule(
         "vllm-attention-backend-block-size",
-        "vllm",
+        _VLLM,
         re.compile(r"--block-size \d+ precluded higher-priority backend\(s\) (.+?)\. Using (\S+) instead"),
         "--block-size ruled out the preferred attention backend; a lower-priority one runs",
         "vLLM's own words: 'may result in reduced performance'; this tool does not measure how much",
@@ -115,7 +120,7 @@ RULES = (
     #   version 2."
     Rule(
         "vllm-flash-attention-fallback",
-        "vllm",
+        _VLLM,
         re.compile(r"(?:Cannot use FA version \d.*?|kernel does not support .*?), defaulting to FA version"),
         "FlashAttention fell back to an older kernel generation (FA3/FA4 not usable for this model or setting)",
         "an older attention kernel for this GPU generation; slower, by an amount this tool does not measure",
@@ -127,7 +132,7 @@ RULES = (
     #   leveraging the Marlin kernel. This may degrade performance for compute-heavy workloads."
     Rule(
         "vllm-fp8-marlin-fallback",
-        "vllm",
+        _VLLM,
         re.compile(r"Your GPU does not have native support for FP8 computation"),
         "the GPU has no FP8 tensor cores: FP8 weights are dequantized in a weight-only Marlin kernel",
         "vLLM's own words: 'may degrade performance for compute-heavy workloads'; this tool does not measure how much",
@@ -140,7 +145,7 @@ RULES = (
     #   is the CPU build and is not matched)
     Rule(
         "vllm-custom-allreduce-disabled",
-        "vllm",
+        _VLLM,
         re.compile(
             r"Custom allreduce is disabled (?:because it's not supported on more than two PCIe|because your "
             r"platform lacks GPU P2P|due to an unsupported world size)"
@@ -155,7 +160,7 @@ RULES = (
     #   and performance may not be optimal."
     Rule(
         "transformers-backend-fallback",
-        "any",
+        ANY,
         re.compile(r"(\S+) has no (?:vLLM|SGLang) implementation, falling back to Transformers implementation"),
         "the architecture has no native implementation in this engine version: the generic Transformers backend runs",
         "no fused MoE/attention kernels of the engine; the engines say 'performance may not be optimal' and some "
@@ -166,7 +171,7 @@ RULES = (
     #   may take a long time (typically 10-20 mins) if you have not run `sglang.compile_deep_gemm`. ..."
     Rule(
         "sglang-deepgemm-jit-precompile",
-        "sglang",
+        _SGLANG,
         re.compile(r"Entering DeepGEMM JIT Pre-Compile session"),
         "DeepGEMM kernels are compiled at start-up (no warm cache for this shape)",
         "start-up time: 'typically 10-20 mins' by SGLang's own message, on every node whose cache is cold",
@@ -178,7 +183,7 @@ RULES = (
     #   attention backend" / "... torch Flex Attention backend"
     Rule(
         "sglang-cuda-graph-disabled",
-        "sglang",
+        _SGLANG,
         re.compile(r"Cuda graph is disabled because of using torch (?:native|Flex) (?:A|a)ttention backend"),
         "CUDA graphs are off because a torch-native attention backend was chosen",
         "decode runs without CUDA graphs (kernel launch overhead per step); slower, by an amount this tool does not "
@@ -188,7 +193,7 @@ RULES = (
     # vllm/config/vllm.py (0.32.0): logger.info_once("Cudagraph is disabled under eager mode")
     Rule(
         "vllm-eager-mode",
-        "vllm",
+        _VLLM,
         re.compile(r"Cudagraph is disabled under eager mode"),
         "--enforce-eager: CUDA graphs are off",
         "decode runs without CUDA graphs (kernel launch overhead per step); slower, by an amount this tool does not "
@@ -199,7 +204,7 @@ RULES = (
     #   (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0). Without it, CUDA graph memory is not accounted for ..."
     Rule(
         "vllm-cudagraph-memory-unprofiled",
-        "vllm",
+        _VLLM,
         re.compile(r"CUDA graph memory profiling is disabled \(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0\)"),
         "the KV cache was sized without counting CUDA-graph memory",
         "not speed: an out-of-memory risk once graphs are captured (vLLM's own warning)",
@@ -209,7 +214,7 @@ RULES = (
     #   launcher with -lcuda and no libcuda.so is in the search path: "cannot find -lcuda"
     Rule(
         "libcuda-unversioned-missing",
-        "any",
+        ANY,
         re.compile(r"libcuda\.so cannot found|cannot find -lcuda"),
         "Triton could not find or link libcuda.so",
         "not speed: the first Triton kernel compile fails (often at CUDA graph capture) and the engine dies",
@@ -225,7 +230,7 @@ def scan(lines: list[str] | str, engine: str | None = None) -> list[dict[str, An
     if isinstance(lines, str):
         lines = lines.splitlines()
     found: dict[str, dict[str, Any]] = {}
-    rules = [r for r in RULES if engine is None or r.engine in (engine, "any")]
+    rules = [r for r in RULES if engine is None or r.engine in (engine, ANY)]
     for line in lines:
         for r in rules:
             m = r.pattern.search(line)

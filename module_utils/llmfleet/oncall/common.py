@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .. import engines
 from ..cli_grammar import add_deployment, alias, settle_deployment
 from ..fleet_inventory import Fleet, InventoryError, Node, load_fleet, parse_extra_vars
 from .ssh import Done, SshTransport, TransportError
@@ -217,12 +218,23 @@ def api_port(node: Node, router: bool = False) -> int:
         return node.router_port
     if node.engine_port > 0:
         return node.engine_port
-    return 30000 if node.profile == "sglang" else 8000
+    return _profile(node).default_port
 
 
 def serves_api(node: Node) -> bool:
     """The head serves the API; with vllm_pd every node runs its own instance with one."""
-    return node.head or node.profile == "vllm_pd"
+    return node.head or _profile(node).separate_instances
+
+
+def has_router(node: Node) -> bool:
+    """Whether the node's profile runs a router on the head (vllm_pd)."""
+    return _profile(node).router is not None
+
+
+def _profile(node: Node) -> engines.Profile:
+    """The node's engine profile; one this version does not know reads as custom (no router, port 8000) rather
+    than a traceback in the middle of an incident."""
+    return engines.PROFILES.get(str(node.profile), engines.CUSTOM)
 
 
 def unit_specs(fleet: Fleet, node: Node, router: bool = True) -> list[dict]:

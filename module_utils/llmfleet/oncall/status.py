@@ -161,8 +161,8 @@ def missing_nodes(nodes: list[dict]) -> list[str]:
         for v in d.get("units") or []:
             for m in (v.get("barrier") or {}).get("missing") or []:
                 waiting.setdefault(m, []).append(d["node"])
-    return [f"{m} is missing at the deployment link: {', '.join(w)} wait for it (down, or cut off from them)"
-            for m, w in sorted(waiting.items(), key=lambda kv: -len(kv[1]))]  # fmt: skip
+    return [f"{m} is missing at the deployment link: {', '.join(w)} wait{'s' if len(w) == 1 else ''} for it (down, "
+            "or cut off from them)" for m, w in sorted(waiting.items(), key=lambda kv: -len(kv[1]))]  # fmt: skip
 
 
 def probe_text(health: dict | None, now: float) -> str:

@@ -26,6 +26,7 @@ from .common import (
     fan_out,
     fleet_of,
     guarded,
+    has_router,
     short,
     unit_specs,
     where,
@@ -67,7 +68,7 @@ def assess(fleet: Fleet, results: list[NodeResult]) -> tuple[list[dict], list[st
             problems.append(f"{n.name}: unreachable, not stopped: {r.error}")
             continue
         for u in r.data["units"]:
-            if u["before"].get("LoadState") != "loaded" and u["unit"] == fleet.router_unit() and n.profile != "vllm_pd":
+            if u["before"].get("LoadState") != "loaded" and u["unit"] == fleet.router_unit() and not has_router(n):
                 continue
             doc["units"].append(u)
             who = f"{n.name}: {u['unit']}"

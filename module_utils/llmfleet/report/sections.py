@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .. import engines
 from ..checks.nccl_verdict import floor_for
 from ..engine import specdecode
 
@@ -653,18 +654,12 @@ def scrape_targets(endpoint: dict | None, engine: dict | None) -> dict[str, Any]
     profile = engine.get("profile") or endpoint.get("profile")
     url = str(endpoint.get("url") or "").rstrip("/")
     targets = []
-    if url and kind == "vllm":
-        what = "vLLM's own metrics (served by default)"
-        if profile == "vllm_pd":
-            what = (
-                "the P/D router's address; each prefill and decode instance serves its own /metrics on its node "
-                "(the gate reads the decode instance's)"
-            )
+    # What the engine's own /metrics is: the profile's words (P/D: the router's address), else its engine's.
+    own = engines.PROFILES.get(str(kind)) if kind in engines.engines() else None
+    prof = engines.PROFILES.get(str(profile))
+    if url and own is not None and own.metrics:
+        what = prof.metrics if prof is not None and prof.engine == kind and prof.metrics else own.metrics
         targets.append({"url": f"{url}/metrics", "engine": kind, "what": what})
-    elif url and kind == "sglang":
-        targets.append({"url": f"{url}/metrics", "engine": kind,
-                        "what": "SGLang's own metrics: served only when the engine runs with --enable-metrics "
-                                "(engine_extra_args)"})  # fmt: skip
     elif url:
         what = f"engine {kind!r}: no /metrics endpoint known to llmfleet"
         targets.append({"url": None, "engine": kind, "what": what})

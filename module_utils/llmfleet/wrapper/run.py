@@ -292,10 +292,13 @@ class Wrapper:
         try:
             self.link.start(time.monotonic() + a.link_wait, cancelled=lambda: self.engine.stop_requested)
         except OSError as e:
-            return str(e)
-        finally:
             if self.barrier is not None:  # the record keeps who was missing; the gauge stops counting
                 self._link_metrics({"complete": True})
+            return str(e)
+        if self.barrier is not None and self.engine.stop_requested:
+            self._link_metrics({"complete": True})
+        elif self.barrier is not None:  # welcomed (a worker; the head's barrier said so itself)
+            self._on_barrier({"complete": True, "missing": []})
         return None
 
     def _on_barrier(self, snap: dict) -> None:

@@ -1,0 +1,95 @@
+"""What an engine profile is: one frozen record of everything engine-specific (the engines/ modules fill one
+each; the rest of the package asks it instead of naming an engine). Stdlib only, Python >= 3.8."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ProfileError(ValueError):
+    """A deployment a profile cannot render; the message names the variable and the fix (the plan raises it as
+    llmfleet.engine.command.PlanError)."""
+
+
+@dataclass(frozen=True)
+class Router:
+    """A router the profile runs in front of its instances (vllm_pd: vllm-router on the head)."""
+
+    command: tuple[str, ...]
+    help_args: tuple[str, ...]
+    # The line the router logs once it can route (the wrapper's READY), and how often it checks its workers.
+    ready_re: str
+    check_interval: int
+    # The wrapper's options that hand it the API key (the unit's api-key credential), names only.
+    secret_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One engine_profile. `engine` is the engine package behind it ('' for custom: an unknown command, nothing
+    to check against); profiles of one engine share its flag tables and log phrases."""
+
+    name: str
+    engine: str
+    label: str  # how messages name the engine
+    default_port: int
+    command: tuple[str, ...] = ()  # engine_command when the inventory gives none
+    help_args: tuple[str, ...] = ("--help",)
+    loader_threads: int = 1  # loader threads per rank when the deployment does not say
+    # The head's last start-up line (the API serves); a worker node's, per mode ("graphs" / "eager"), and
+    # whether a worker logs it once per local rank (else once per node).
+    serving_re: str = ""
+    node_up_re: Mapping[str, str] = field(default_factory=dict)
+    node_up_per_rank: bool = False
+    no_graph_flag: str = ""  # the flag that turns CUDA graphs off (a worker then waits for the eager line)
+    # The engine's own argv from the parts every engine shares (llmfleet.engine.command.render_argv: command,
+    # model, tp, pp, nnodes, node_rank, loader, extra, listen) and the deployment's spec; None: the operator's
+    # engine_custom_argv as given.
+    render: Callable[[Mapping[str, Any], Mapping[str, Any]], list] | None = None
+    # The engine's own NUMA placement flags (any of them in engine_extra_args: the operator's placement wins), the
+    # flags that bind (the NUMA node of each GPU follows), and whether it takes one node per local rank only.
+    numa_flags: tuple[str, ...] = ()
+    numa_bind: tuple[str, ...] = ()
+    numa_per_rank: bool = False
+    # Every flag llmfleet may write for engine_speculative.
+    spec_flags: tuple[str, ...] = ()
+    # The fit check: the knobs a fix turns, the memory flags read back from argv, the engine's start-up breakdown.
+    fit_flags: Mapping[str, str] = field(default_factory=dict)
+    fit_argv_flags: tuple[str, ...] = ()
+    fit_breakdown: tuple[tuple[Any, Callable[[Any], dict]], ...] = ()  # (pattern, the figures of a match)
+    rank_re: Any = None  # the rank a start-up line is from (the fit breakdown's per-rank figures)
+    # Flags a front-end takes before the help-printing parser sees argv (not in the --help text).
+    help_extra_flags: Mapping[str, bool] = field(default_factory=dict)
+    # The serving benchmark (bench/serve.py): its argv, the file type its results are written in.
+    bench_tool: tuple[str, ...] = ()
+    bench_result_ext: str = "json"
+    # Where the role finds the bench tool: beside the engine's command ("command") or run by its Python ("python").
+    bench_tool_from: str = ""
+    # Acceptance: the flags that make the engine parse tool calls (PARSER: the model's parser).
+    tool_parser_flags: str = ""
+    # The wrapper's options that hand the engine the API key (the unit's api-key credential), names only.
+    secret_args: tuple[str, ...] = ()
+    registry: str = ""  # the model registry file stem (engine/data/registries/<registry>-<version>.json)
+    # vllm_pd: every node is an instance of its own (rank 0, no link, each serves the API), a router in front.
+    separate_instances: bool = False
+    router: Router | None = None
+    api_known: bool = True  # the OpenAI API and its /health are known (custom: no probe, no open-API check)
+    listens_everywhere: bool = False  # with no engine_host the engine binds every address
+    metrics: str = ""  # what its own /metrics is (the report's scrape targets); '' = none known
+    # The engine's own compile-cache root (variable -> subdirectory of the fingerprint's cache directory).
+    cache_env: Mapping[str, str] = field(default_factory=dict)
+    precompile: bool = False  # engine_deepgemm_precompile applies (SGLang's DeepGEMM JIT)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The profile as plain data for Ansible (compiled patterns and functions left out)."""
+        out = {}
+        for k in self.__dataclass_fields__:
+            v = getattr(self, k)
+            if k in ("fit_breakdown", "rank_re", "render"):
+                continue
+            if isinstance(v, Router):
+                v = {f: getattr(v, f) for f in v.__dataclass_fields__}
+            out[k] = dict(v) if isinstance(v, Mapping) else list(v) if isinstance(v, tuple) else v
+        return out

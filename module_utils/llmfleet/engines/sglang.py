@@ -1,0 +1,124 @@
+"""SGLang (`sglang serve`, 0.5.23): everything llmfleet knows about it, as one profile."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .base import Profile
+
+
+def _gib_sum(*groups: str | None) -> float:
+    return round(sum(float(g) for g in groups if g), 2)
+
+
+# The fit check's breakdown: real formats of the SGLang 0.5.23 wheel from PyPI, with the source of each.
+BREAKDOWN = (
+    # sglang/srt/model_executor/model_runner.py: "Load weight end. elapsed=… s, type=…, [quant, ]avail mem=… GB,
+    # mem usage=… GB." (GB here is GiB: get_available_gpu_memory divides by 1 << 30)
+    (re.compile(r"Load weight end\..*?mem usage=(-?[\d.]+) GB"), lambda m: {"weights_gib": float(m[1])}),
+    # sglang/srt/mem_cache/memory_pool.py: "[label ]KV Cache is allocated. dtype: …, #tokens: N, K size: … GB,
+    # V size: … GB" or "… KV size: … GB" (MLA); "VA upper bound" instead of "is allocated" after post-capture sizing
+    (
+        re.compile(
+            r"KV Cache (?:is allocated|VA upper bound)\. dtype: \S+, #tokens: (\d+), "
+            r"(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)"
+        ),
+        lambda m: {"kv_tokens": int(m[1]), "kv_gib": _gib_sum(m[2], m[3], m[4])},
+    ),
+    # sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py: "Capture target decode CUDA graph end.
+    # bs=[…], elapsed=… s, mem usage=… GB, avail mem=… GB." (and prefill / draft variants; older: "cuda graph");
+    # several captures add up
+    (
+        re.compile(r"Capture .*?(?:CUDA|cuda|CPU|NPU|XPU) graph end\..*?mem usage=(-?[\d.]+) GB"),
+        lambda m: {"graph_gib+": float(m[1])},
+    ),
+    # sglang/srt/mem_cache/memory_pool.py: "Mamba Cache is allocated. max_mamba_cache_size: N, conv_state size:
+    # …GB, ssm_state size: …GB"
+    (
+        re.compile(
+            r"Mamba Cache is allocated\. max_mamba_cache_size: \d+, conv_state size: ([\d.]+)GB, "
+            r"ssm_state size: ([\d.]+)GB"
+        ),
+        lambda m: {"state_gib": _gib_sum(m[1], m[2])},
+    ),
+    # sglang/srt/managers/scheduler.py (TP rank 0): "max_total_num_tokens=N, chunked_prefill_size=…, …,
+    # max_running_requests=…, context_len=…, available_gpu_mem=… GB"
+    (
+        re.compile(r"max_total_num_tokens=(\d+), .*?max_running_requests=(\d+), context_len=(\d+)"),
+        lambda m: {"max_total_num_tokens": int(m[1]), "max_running_requests": int(m[2]), "max_model_len": int(m[3])},
+    ),
+)
+
+
+def render(spec: Mapping[str, Any], parts: Mapping[str, Any]) -> list[str]:
+    """`sglang serve` for one node (parts: llmfleet.engine.command.render_argv's)."""
+    name, timeout, ctx = spec.get("served_model_name"), spec.get("dist_timeout"), spec.get("context_length")
+    tp, pp, nnodes = parts["tp"], parts["pp"], parts["nnodes"]
+    argv = [*parts["command"], "--model-path", parts["model"]]
+    argv += ["--served-model-name", str(name)] if name else []
+    argv += ["--tp-size", str(tp)] + (["--pp-size", str(pp)] if pp > 1 else [])
+    if nnodes > 1:
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(parts["node_rank"])]
+        argv += ["--dist-init-addr", f"{spec.get('head_addr')}:{spec.get('dist_port')}"]
+    argv += ["--dist-timeout", str(timeout)] if timeout else []
+    argv += ["--context-length", str(ctx)] if ctx else []
+    argv += parts["loader"]
+    # Non-head SGLang nodes still bind --port for their dummy health server.
+    return argv + parts["extra"] + parts["listen"]
+
+
+PROFILE = Profile(
+    name="sglang",
+    engine="sglang",
+    label="SGLang",
+    default_port=30000,
+    command=("sglang", "serve"),
+    help_args=("--help",),
+    # SGLang enables its multithread loader with 8 threads by default (8 ranks x 8 threads = 64 readers per node
+    # in the field).
+    loader_threads=8,
+    serving_re=r"The server is fired up and ready to roll!",
+    # A node without the API: every rank's scheduler logs its own last start-up line (count: local ranks).
+    node_up_re={"graphs": r"Capture cuda graph end", "eager": r"Load weight end"},
+    node_up_per_rank=True,
+    no_graph_flag="--disable-cuda-graph",
+    render=render,
+    # One NUMA node per subprocess (local TP rank i uses GPU i).
+    numa_flags=("--numa-node",),
+    numa_bind=("--numa-node",),
+    numa_per_rank=True,
+    spec_flags=(
+        "--speculative-algorithm",
+        "--speculative-num-steps",
+        "--speculative-eagle-topk",
+        "--speculative-num-draft-tokens",
+        "--speculative-draft-model-path",
+    ),
+    fit_flags={
+        "fraction": "--mem-fraction-static",
+        "max_len": "--context-length",
+        "seqs": "--max-running-requests",
+        "kv_fp8": "--kv-cache-dtype fp8_e4m3",
+    },
+    fit_argv_flags=("--context-length", "--max-running-requests", "--mem-fraction-static", "--kv-cache-dtype"),
+    fit_breakdown=BREAKDOWN,
+    # "[… PP1 TP3]"
+    rank_re=re.compile(r"^\[[^\]]*?((?: ?(?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)+)\]"),
+    # `sglang serve` itself takes --model-type (sglang/cli/serve.py, mentioned in prose at the top of its help).
+    help_extra_flags={"--model-type": True},
+    # The deprecated path works in every SGLang release (0.5.23 moved the code to sglang.benchmark.serving and
+    # keeps this one as an alias with a FutureWarning).
+    bench_tool=("python3", "-m", "sglang.bench_serving"),
+    bench_result_ext="jsonl",
+    bench_tool_from="python",
+    tool_parser_flags="--tool-call-parser",
+    # SGLang reads the key from a 0600 --config file.
+    secret_args=("--secret-config", "config:api-key=api-key"),
+    registry="sglang",
+    listens_everywhere=False,  # SGLang's default host is 127.0.0.1
+    metrics="SGLang's own metrics: served only when the engine runs with --enable-metrics (engine_extra_args)",
+    cache_env={"SGLANG_CACHE_DIR": "sglang"},
+    precompile=True,
+)
