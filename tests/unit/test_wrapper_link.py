@@ -38,7 +38,7 @@ KEY = "k" * 8 + secrets.token_hex(24)  # the deployment's fabric key (a credenti
 
 
 class Node:
-    def __init__(self, tmp_path, name, link, cmd=ENGINE, key=KEY, creds=None):
+    def __init__(self, tmp_path, name, link, cmd=ENGINE, key=KEY, creds=None, extra_env=None):
         self.name, self.record = name, tmp_path / f"{name}.json"
         self.log = (tmp_path / f"{name}.log").open("w+")
         cdir = tmp_path / f"creds-{name}"
@@ -47,7 +47,7 @@ class Node:
             (cdir / cred).write_text(value)
         argv = [*WRAP, "--record", str(self.record), "--link-node", name, "--link-timeout", "2", "--link-key",
                 "fabric-key", *link, "--", *cmd]  # fmt: skip
-        e = {**env(), "CREDENTIALS_DIRECTORY": str(cdir)}
+        e = {**env(), "CREDENTIALS_DIRECTORY": str(cdir), **(extra_env or {})}
         self.p = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=e)
 
     def output(self):
@@ -652,3 +652,22 @@ def test_bad_link_peers_are_usage_errors(flags, message):
     cp = subprocess.run([*WRAP, "--link-key", "fabric-key", *flags, "--", "true"], capture_output=True, text=True,
                         timeout=WAIT, env=env(), check=False)  # fmt: skip
     assert cp.returncode == 2 and message in cp.stderr, cp.stderr
+
+
+def test_the_wait_at_the_barrier_is_no_failed_start_for_systemd(tmp_path):
+    """The wait keeps pushing systemd's start timeout out (no timeout, no restart counted) and says who it waits for."""
+    sock_path = tmp_path / "notify.sock"
+    addr = f"127.0.0.1:{free_port()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(sock_path))
+        sock.settimeout(15)
+        head = Node(tmp_path, "head", ["--link-listen", addr, "--link-peers", "w1", "--extend-timeout", "42"],
+                    extra_env={"NOTIFY_SOCKET": str(sock_path)})  # fmt: skip
+        try:
+            fields = []
+            while fields.count("EXTEND_TIMEOUT_USEC=42000000") < 2:  # one now, one REPORT_S (5 s) later
+                fields += sock.recv(4096).decode().split("\n")
+            assert "STATUS=deployment link: waiting for w1 to join (here: head)" in fields, fields
+            assert head.p.poll() is None and not _started(head)
+        finally:
+            head.kill()
