@@ -42,6 +42,17 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0 (a bad one is a usage error naming it)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
+    return v
+
+
 def alias(p: argparse.ArgumentParser, old: str, new: str, dest: str, **kw: Any) -> None:
     """Add OLD as a hidden, deprecated spelling of NEW (same dest)."""
     p.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, default=argparse.SUPPRESS, **kw)

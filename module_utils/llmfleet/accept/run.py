@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..cli_grammar import add_url, alias, require_url
+from ..cli_grammar import add_url, alias, positive_seconds, require_url
 from .checks import FAIL, NOT_CONFIGURED, NOT_SUPPORTED, PASS, SKIPPED, VERDICTS, Checker
 from .client import Client, UrlError, split_base
 from .profile import ProfileError, normalize, read_profile
@@ -227,16 +227,6 @@ def _write_json(path: str, report: dict[str, Any]) -> None:
 # ---- command line (wired into llmfleet.cli as `llmfleet accept`) -----------------------------------------
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{v:g} is too small: give seconds > 0")
-    return v
-
-
 class _RefuseKeyInArgv(argparse.Action):
     """`--api-key VALUE` is refused (exit 2) without echoing the value: argv is visible to every user of the
     host (ps, /proc) and lands in shell history. Defined so that argparse does not take it as an
@@ -263,9 +253,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="NAME", help="served model name (as /v1/models lists it)")
     parser.add_argument("--api-key-file", metavar="FILE", help="file holding the API key (never pass the key itself)")
     parser.add_argument("--profile", metavar="FILE", help="per-model profile, YAML (docs/acceptance.md)")
-    parser.add_argument("--request-timeout", dest="timeout", type=_seconds, metavar="S",
+    parser.add_argument("--request-timeout", dest="timeout", type=positive_seconds, metavar="S",
                         help="seconds each request may take (default: the profile's timeout_s, 120)")  # fmt: skip
-    alias(parser, "--timeout", "--request-timeout", "timeout", type=_seconds)
+    alias(parser, "--timeout", "--request-timeout", "timeout", type=positive_seconds)
     parser.add_argument("-o", "--output", metavar="FILE", help="also write the JSON report to FILE (atomically)")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
 

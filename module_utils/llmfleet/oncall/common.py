@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import engines
-from ..cli_grammar import add_deployment, alias, settle_deployment
+from ..cli_grammar import add_deployment, alias, positive_seconds, settle_deployment
 from ..fleet_inventory import Fleet, InventoryError, Node, load_fleet, parse_extra_vars
 from .ssh import Done, SshTransport, TransportError
 
@@ -159,12 +159,12 @@ def add_fleet_arguments(p: argparse.ArgumentParser, deployment: bool = True, tim
         p.add_argument(
             "--node-timeout",
             dest="timeout",
-            type=positive_float,
+            type=positive_seconds,
             default=timeout,
             metavar="S",
             help=f"seconds each node's probe may take (default {timeout:g})",
         )
-        alias(p, "--timeout", "--node-timeout", "timeout", type=positive_float)
+        alias(p, "--timeout", "--node-timeout", "timeout", type=positive_seconds)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -173,22 +173,12 @@ def add_stop_timeout(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stop-timeout",
         dest="timeout",
-        type=positive_float,
+        type=positive_seconds,
         default=120.0,
         metavar="S",
         help="seconds a unit gets to stop before SIGKILL (default 120)",
     )
-    alias(p, "--timeout", "--stop-timeout", "timeout", type=positive_float)
-
-
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
-    return v
+    alias(p, "--timeout", "--stop-timeout", "timeout", type=positive_seconds)
 
 
 def fleet_of(args: argparse.Namespace) -> Fleet:

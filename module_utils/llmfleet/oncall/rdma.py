@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from ..cli_grammar import positive_seconds
 from .common import (
     AutoTransport,
     NodeResult,
@@ -29,7 +30,6 @@ from .common import (
     fan_out,
     fleet_of,
     guarded,
-    positive_float,
     quote,
     table,
     where,
@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_fleet_arguments(p, deployment=False, timeout=30.0)
     p.add_argument("--sysfs-root", default="/sys", help="sysfs root on the nodes (default /sys; tests use fake trees)")
     p.add_argument(
-        "--duration", type=positive_float, default=10.0, help="without CMD: seconds between the readings (default 10)"
+        "--duration", type=positive_seconds, default=10.0, help="without CMD: seconds between the readings (default 10)"
     )
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD", help="run CMD here between the readings")
 

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from ..cli_grammar import positive_seconds
 from ..fleet_inventory import Fleet, Node
 from .common import (
     AutoTransport,
@@ -27,7 +28,6 @@ from .common import (
     fan_out,
     fleet_of,
     guarded,
-    positive_float,
     unit_specs,
     where,
 )
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_stop_timeout(p)
     p.add_argument(
         "--ready-timeout",
-        type=positive_float,
+        type=positive_seconds,
         help="seconds to wait for every unit to be READY (default: engine_ready_deadline, else engine_start_timeout)",
     )
 
