@@ -15,6 +15,7 @@ from llmfleet.engine import command as engine
 from llmfleet.engine import helpflags
 from llmfleet.engine import node as engine_node
 from llmfleet.engine.command import PlanError
+from llmfleet.engines import vllm as vllm_profile
 from tests.unit.module_utils import AnsibleExitJson, AnsibleFailJson, set_module_args
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -159,7 +160,7 @@ def test_vllm_pd_kv_role_follows_the_node_role_and_keeps_the_connector_options(r
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert kv == {**cfg, "kv_role": kv_role}
     # No connector named: NIXL; the same kv_role given explicitly is fine.
-    assert engine.pd_kv_transfer_config({"kv_buffer_device": "cpu", "kv_role": kv_role}, role) == {
+    assert vllm_profile.pd_kv_transfer_config({"kv_buffer_device": "cpu", "kv_role": kv_role}, role) == {
         "kv_connector": "NixlConnector", "kv_buffer_device": "cpu", "kv_role": kv_role}  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet.engine import command as engine
+from llmfleet import engines
 from tests.helpers.once import once
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +120,7 @@ def spec():
 @pytest.mark.parametrize(
     ("var", "choices"),
     [
-        ("engine_profile", list(engine.PROFILES)),
+        ("engine_profile", list(engines.names())),
         ("engine_state", ["started", "stopped"]),
         ("engine_credential_via", ["load_credential", "exec_start_pre"]),
         ("engine_pd_role", ["", "prefill", "decode"]),

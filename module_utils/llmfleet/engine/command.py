@@ -15,16 +15,9 @@ import shlex
 from typing import Any
 
 from .. import engines
-from ..engines import vllm as _vllm
 from . import specdecode
 
-# The profiles and everything engine-specific: llmfleet.engines (one module per engine).
-PROFILES = engines.names()
-DEFAULT_PORT = {p.name: p.default_port for p in engines.PROFILES.values()}
-
-# vLLM P/D's KV roles and default connector, and its router's READY line (llmfleet.engines.vllm).
-PD_KV_ROLE, PD_DEFAULT_CONNECTOR = _vllm.PD_KV_ROLE, _vllm.PD_DEFAULT_CONNECTOR
-ROUTER_READY_RE = _vllm.ROUTER.ready_re
+# The profiles and everything engine-specific (ports, commands, flags, log lines, routers): llmfleet.engines.
 
 
 class PlanError(ValueError):
@@ -173,19 +166,13 @@ def node_count(profile: str, nnodes: Any) -> int:
     return 1 if engines.get(profile).separate_instances else int(_or1(nnodes))
 
 
-def pd_kv_transfer_config(config: dict[str, Any] | None, pd_role: str | None) -> dict[str, Any]:
-    """vllm_pd: the --kv-transfer-config of one instance (llmfleet.engines.vllm.pd_kv_transfer_config)."""
-    try:
-        return _vllm.pd_kv_transfer_config(config, pd_role)
-    except engines.ProfileError as e:
-        raise PlanError(str(e)) from None
-
-
 def render_router_argv(spec: dict[str, Any]) -> list[str]:
-    """vllm_pd: the argv of vLLM's P/D router on the head (llmfleet.engines.vllm.render_router_argv)."""
+    """The argv of the profile's router on the head (vllm_pd: vllm-router; the profile's router renders it).
+    spec keys: profile (default: the profile with a router), command, host, port, instances, startup_timeout,
+    extra_args."""
     try:
-        return _vllm.render_router_argv(spec)
-    except engines.ProfileError as e:
+        return engines.router(spec.get("profile")).render(spec)
+    except (engines.ProfileError, engines.UnknownProfile) as e:
         raise PlanError(str(e)) from None
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from .. import engines
 from .command import (
-    ROUTER_READY_RE,
     PlanError,
     check_layout,
     loader_fanout,
@@ -82,7 +81,7 @@ def router_plan(spec: Mapping) -> dict[str, Any]:
         "argv": argv,
         "exec_line": systemd_command_line(argv),
         "shell_line": shell_line(argv),
-        "ready": {"regex": ROUTER_READY_RE, "count": 1},
+        "ready": {"regex": engines.router(spec.get("profile")).ready_re, "count": 1},
         "prefill": [i["name"] for i in instances if i.get("role") == "prefill"],
         "decode": [i["name"] for i in instances if i.get("role") == "decode"],
     }

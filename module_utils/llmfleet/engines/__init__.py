@@ -30,6 +30,7 @@ __all__ = [
     "UnknownProfile",
     "get",
     "names",
+    "router",
 ]
 
 # engine_profile -> its profile, in the order the docs and messages list them.
@@ -77,10 +78,19 @@ def kind(name: str | None) -> str:
     return next((e for e in engines() if text.startswith(e)), "")
 
 
+def router(name: str | None = None) -> Router:
+    """The router of profile `name`; no name: the one profile that has a router (the role's router spec names
+    none)."""
+    p = get(name) if name else next((p for p in PROFILES.values() if p.router is not None), None)
+    if p is None or p.router is None:
+        raise UnknownProfile(f"engine_profile={name!r} runs no router")
+    return p.router
+
+
 def help_args(name: str) -> tuple[str, ...]:
     """How a profile's engine (or a profile's router, name 'router') prints every option."""
     if name == "router":
-        return next(p.router.help_args for p in PROFILES.values() if p.router is not None)
+        return router().help_args
     p = PROFILES.get(name)
     return p.help_args if p is not None else ("--help",)
 

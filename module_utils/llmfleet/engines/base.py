@@ -24,6 +24,8 @@ class Router:
     check_interval: int
     # The wrapper's options that hand it the API key (the unit's api-key credential), names only.
     secret_args: tuple[str, ...]
+    # Its argv from the role's router spec (command, host, port, instances, startup_timeout, extra_args).
+    render: Callable[[Mapping[str, Any]], list] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Profile:
             if k in ("fit_breakdown", "rank_re", "render"):
                 continue
             if isinstance(v, Router):
-                v = {f: getattr(v, f) for f in v.__dataclass_fields__}
+                v = {f: list(getattr(v, f)) if isinstance(getattr(v, f), tuple) else getattr(v, f)
+                     for f in v.__dataclass_fields__ if f != "render"}  # fmt: skip
             out[k] = dict(v) if isinstance(v, Mapping) else list(v) if isinstance(v, tuple) else v
         return out

@@ -202,6 +202,7 @@ ROUTER = Router(
     ready_re=r"Router ready",
     check_interval=2,
     secret_args=("--secret-env", "OPENAI_API_KEY=api-key"),
+    render=render_router_argv,
 )
 
 PD_PROFILE = replace(
