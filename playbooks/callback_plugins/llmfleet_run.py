@@ -94,10 +94,15 @@ class CallbackModule(CallbackBase):
         if self.record is None:
             return
         task = result._task
-        role = task._role.get_name() if getattr(task, "_role", None) else ""
+        role_obj = getattr(task, "_role", None)
+        role = role_obj.get_name() if role_obj else ""
+        # A dependency's task (the fleet contract, roles/llmfleet) stops the step of the role that pulled it in.
+        parents = getattr(role_obj, "_parents", None) or []
+        within = parents[0].get_name() if parents else ""
         self.failures.append({
             "node": result._host.get_name(),
             "role": role,
+            "within": within,
             "task": task.get_name(),
             "message": why or _message(result._result),
             "at": _now(),

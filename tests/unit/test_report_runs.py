@@ -70,12 +70,14 @@ def test_the_passing_run_passes(tmp_path):
     lines = report.summary_lines(m)
     assert lines[1].startswith(f"  run {PASSED} (site.yml")
     # bench is not a step of site.yml: said so, not a failure
-    assert steps(m)["bench"]["status"] == "not-run" and "site.yml does not take this step" in steps(m)["bench"]["reason"]
+    assert (
+        steps(m)["bench"]["status"] == "not-run" and "site.yml does not take this step" in steps(m)["bench"]["reason"]
+    )
 
 
 # Where a run fails, and whether that step writes a failing record of its own before the play stops.
 FAILURES = [
-    ("llmfleet", None),  # the fleet contract's inventory checks: no record at all
+    ("llmfleet", None),  # the fleet contract's checks (pulled in by preflight): no record at all
     ("preflight", "preflight"),  # a failed check: preflight.json with status fail
     ("base", None),  # the node runtime: no record
     ("topology", None),  # discovery failed before topology.json
@@ -108,7 +110,8 @@ def failing_run(d: Path, role: str, record: str | None) -> None:
     elif record == "acceptance":
         stamp(d, "acceptance-demo.json", FAILED, lambda x: x.update(accepted=False, summary="NOT ACCEPTED"))
     msg = {"engine": "unrecognized arguments: --enable-metricz (did you mean --enable-metrics?)"}.get(role, "failed")
-    stop = {"node": "node2", "role": role, "task": f"{role}: a task", "message": msg, "at": "2026-12-04T09:01:00Z"}
+    stop = {"node": "node2", "role": role, "task": f"{role}: a task", "message": msg, "at": "2026-12-04T09:01:00Z",
+            "within": "preflight" if role == "llmfleet" else ""}  # fmt: skip
     run_record(d, FAILED, outcome="failed", stopped=stop, finished_at="2026-12-04T09:02:00Z")
 
 
@@ -124,7 +127,7 @@ def test_a_run_failing_at_each_step_after_a_passing_run_is_never_pass(tmp_path, 
     assert lines[0].startswith("deployment demo: FAIL at "), lines
     if role != "acceptance":  # acceptance is the deployment's, asked from the ops host: no node of its own
         assert "node2" in lines[0], lines  # the failure first, with its node
-    where = report.ROLE_STEP[role]
+    where = report.stop_step({"role": role, "within": "preflight" if role == "llmfleet" else ""})
     stopped = f"not run in this run (it stopped at {where} on node2"
     # every step after the stop is not this run's, and says where the run stopped
     after = {"llmfleet": SITE_STEPS, "preflight": SITE_STEPS[1:], "base": SITE_STEPS[1:], "topology": SITE_STEPS[1:],
@@ -203,3 +206,9 @@ def test_the_not_run_lines_show_a_normalised_report_dir(tmp_path, capsys):
     assert steps(res)["preflight"]["reason"] == f"no preflight.json in {tmp_path / 'reports'}"
     assert res["run"] is None  # no record: no run
     assert "/../" not in json.dumps(res)
+
+
+def test_a_fleet_contract_stop_names_the_step_that_pulled_it_in():
+    stop = {"role": "llmfleet", "within": "preflight", "node": "node1"}
+    assert report.stop_step(stop) == "preflight (the fleet contract's checks)"
+    assert report.stop_step({"role": "model_stage"}) == "staging"

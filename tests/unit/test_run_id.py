@@ -62,9 +62,16 @@ ENGINE = """\
     msg: "unrecognized arguments: --enable-metricz (did you mean --enable-metrics?)"
   when: fail_engine | bool
 """
+# The fleet contract: a dependency of every role (roles/llmfleet), here of the engine's.
+CONTRACT = """\
+- name: Refuse to disturb a serving deployment
+  ansible.builtin.fail:
+    msg: demo is serving
+  when: fail_contract | default(false) | bool
+"""
 
 
-def play(tmp_path: Path, fail: bool, playbook: str = "site.yml") -> subprocess.CompletedProcess:
+def play(tmp_path: Path, fail: bool, playbook: str = "site.yml", *extra: str) -> subprocess.CompletedProcess:
     pb = tmp_path / "playbooks"
     if not pb.exists():
         pb.mkdir()
@@ -73,16 +80,18 @@ def play(tmp_path: Path, fail: bool, playbook: str = "site.yml") -> subprocess.C
                         ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
         (pb / "site.yml").write_text(PLAYBOOK)
         (pb / "acceptance.yml").write_text(CONTINUE)
-        for role, text in (("preflight", PREFLIGHT), ("engine", ENGINE)):
+        for role, text in (("preflight", PREFLIGHT), ("engine", ENGINE), ("llmfleet", CONTRACT)):
             (tmp_path / "roles" / role / "tasks").mkdir(parents=True)
             (tmp_path / "roles" / role / "tasks/main.yml").write_text(text)
+        (tmp_path / "roles/engine/meta").mkdir()
+        (tmp_path / "roles/engine/meta/main.yml").write_text("dependencies: [llmfleet]\n")
         (tmp_path / "hosts.ini").write_text("[llmfleet_nodes]\nnode1 ansible_connection=local\n")
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(tmp_path / "roles"),
            "ANSIBLE_PYTHON_INTERPRETER": sys.executable, "ANSIBLE_HOME": str(tmp_path / ".ansible"),
            "ANSIBLE_NOCOLOR": "1"}  # fmt: skip
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"), str(pb / playbook),
             "-e", f"llmfleet_report_dir={tmp_path / 'reports'}", "-e", "llmfleet_deployment=demo",
-            "-e", f"fail_engine={fail}"]  # fmt: skip
+            "-e", f"fail_engine={fail}", *extra]  # fmt: skip
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -118,3 +127,10 @@ def test_every_record_carries_the_run_id_and_the_run_record_says_where_it_stoppe
     by = {s["id"]: s for s in m["steps"]}
     assert by["preflight"]["status"] == "pass"
     assert by["acceptance"]["reason"] == "it stopped at engine on node1"
+
+    # a task of the fleet contract names the step that pulled it in
+    contract = play(tmp_path, False, "site.yml", "-e", "fail_contract=true")
+    assert contract.returncode != 0
+    stop = json.loads((d / "run-demo.json").read_text())["stopped"]
+    assert stop["role"] == "llmfleet" and stop["within"] == "engine", stop
+    assert report.collect(d, "demo")["verdict"].startswith("FAIL at engine (the fleet contract's checks) on node1: ")

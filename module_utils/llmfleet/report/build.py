@@ -80,7 +80,19 @@ STEP_TAG = {"preflight": "preflight", "topology": "topology", "staging": "model_
 # Where a run stopped, by the role of the failed task (the run record's `stopped.role`).
 ROLE_STEP = {"preflight": "preflight", "base": "node runtime (base)", "topology": "topology",
              "model_stage": "staging", "nccl_check": "nccl check", "engine": "engine", "acceptance": "acceptance",
-             "bench": "bench", "report": "report", "llmfleet": "the fleet contract's inventory checks"}  # fmt: skip
+             "bench": "bench", "report": "report", "llmfleet": "the fleet contract's checks"}  # fmt: skip
+
+
+def stop_step(stop: dict) -> str:
+    """Where a run stopped, in the report's words: the failed task's step; a task of the fleet contract (a
+    dependency of every role) names the step that pulled it in."""
+    role, within = str(stop.get("role") or ""), str(stop.get("within") or "")
+    step = ROLE_STEP.get(role, role or str(stop.get("task") or "?"))
+    if role == "llmfleet" and within:
+        return f"{ROLE_STEP.get(within, within)} ({step})"
+    return step
+
+
 BEFORE_ENGINE = {"inventory", "preflight", "topology", "staging", "nccl"}
 AFTER_ENGINE = {"acceptance", "bench"}
 SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
@@ -243,8 +255,7 @@ class Run:
         st = self.stop()
         if st is None:
             return None
-        role = str(st.get("role") or "")
-        return f"it stopped at {ROLE_STEP.get(role, role or st.get('task') or '?')} on {st['node']}"
+        return f"it stopped at {stop_step(st)} on {st['node']}"
 
     def why_missing(self, step: str, other: str | None) -> str:
         if not self.planned(step):
@@ -281,7 +292,7 @@ class Run:
         return {"id": self.id, "source": self.source, "playbook": self.data.get("playbook"),
                 "started_at": self.data.get("started_at"), "finished_at": self.data.get("finished_at"),
                 "outcome": self.data.get("outcome"),
-                "stopped": {**st, "step": ROLE_STEP.get(str(st.get("role") or ""), st.get("role"))} if st else None,
+                "stopped": {**st, "step": stop_step(st)} if st else None,
                 "steps": self.data.get("steps"), "tags": self.data.get("tags"),
                 "skip_tags": self.data.get("skip_tags")}  # fmt: skip
 
@@ -507,7 +518,7 @@ def _stop_box(run: Run) -> dict[str, Any] | None:
     if st is None:
         return None
     role = str(st.get("role") or "")
-    step = ROLE_STEP.get(role, role or "a task")
+    step = stop_step(st)
     where = f"{run.label()}: it stopped at {step} on {st.get('node')}"
     return {"step": role or "run", "title": step, "verdict": str(st.get("message") or "failed"),
             "node": st.get("node"), "rank": None, "first_error": None, "log_tail": [],
