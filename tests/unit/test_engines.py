@@ -201,3 +201,20 @@ def files_naming_engines() -> list[str]:
 
 def test_engine_names_live_in_engines():
     assert len(files_naming_engines()) <= 2, files_naming_engines()
+
+
+# The captured --help of each engine (tests/fixtures/engines/): the newest of each.
+HELP = {"sglang": "sglang-0.5.23.serve-help.txt", "vllm": "vllm-0.33.0.serve-help-all.txt"}
+
+
+@pytest.mark.parametrize("engine", sorted(HELP))
+def test_every_flag_a_profile_writes_is_in_the_engines_own_help(engine):
+    """The profile's flag tables (speculative, fit, NUMA, no-graph) name options the engine's own --help lists,
+    read as the engine reads argv."""
+    text = (ROOT / "tests" / "fixtures" / "engines" / HELP[engine]).read_text()
+    options = helpflags.parse_help_options(text, engine)
+    p = engines.get(engine)
+    flags = {*p.spec_flags, *p.fit_argv_flags, *p.numa_flags, p.no_graph_flag}
+    flags |= {v.split()[0] for v in p.fit_flags.values()}
+    unknown = sorted(f for f in flags if not helpflags.flag_known(f, options, engine, allow_abbrev=False))
+    assert not unknown, f"{HELP[engine]}: {unknown}"

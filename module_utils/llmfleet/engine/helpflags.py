@@ -60,12 +60,18 @@ from .. import engines
 _OPTION_LINE = re.compile(r"^  (-[^\s-]|--[^\s-])")
 _OPTION = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _INVERSE = {"--enable-": "--disable-", "--disable-": "--enable-"}
-# How each engine reads argv (below): by the engine behind the profile (llmfleet.engines.kind).
-_VLLM = engines.VLLM.engine  # FlexibleArgumentParser: underscores, dotted keys, -O
 
 
-def _engine_kind(engine: str | None) -> str:
-    return engines.kind(engine) or "other"
+# How the engine behind a profile reads argv (its profile's argv_reader, below): "flexible" (vLLM's
+# FlexibleArgumentParser), "argparse" (plain argparse, allow_abbrev on) or "exact" (an engine llmfleet does not know).
+def _reader(engine: str | None) -> str:
+    prof = engines.PROFILES.get(engines.kind(engine))
+    return prof.argv_reader if prof is not None else "exact"
+
+
+def _extra_flags(engine: str | None) -> dict[str, bool]:
+    prof = engines.PROFILES.get(engines.kind(engine))
+    return dict(prof.help_extra_flags) if prof is not None else {}
 
 
 def _inverse(option: str) -> str | None:
@@ -112,9 +118,7 @@ def parse_help_options(text: str, engine: str | None = None) -> dict[str, bool]:
             options.update(items)
             for hidden in _hidden_no_forms(items):
                 options.setdefault(hidden, False)
-    kind = _engine_kind(engine)
-    extra = engines.get(kind).help_extra_flags if kind in engines.PROFILES else {}
-    for name, takes_value in extra.items():
+    for name, takes_value in _extra_flags(engine).items():
         options.setdefault(name, takes_value)
     return options
 
@@ -165,21 +169,21 @@ def resolve_flag(
     allow_abbrev=False refuses unique prefixes the engine itself would take (how "abbreviation",
     known False): a prefix that a later engine version can make ambiguous.
     """
-    kind = _engine_kind(engine)
+    kind = _reader(engine)
     out: dict[str, Any] = {"known": False, "option": None, "how": "unknown", "matches": []}
     if not flag.startswith("-") or flag in ("-", "--"):
         out["how"] = "malformed"
-    elif kind == _VLLM and flag.startswith("-O") and not flag.startswith("--"):
+    elif kind == "flexible" and flag.startswith("-O") and not flag.startswith("--"):
         if "--optimization-level" in flags:  # -O3, -O=3, -Odecode, -O <n>
             out.update(known=True, option="--optimization-level", how="-O")
     else:
         key, how = flag.split("=", 1)[0], "exact"
-        if kind == _VLLM:
+        if kind == "flexible":
             key, how = _vllm_key(key)
         if how == "malformed":
             out["how"] = how
             return out
-        matches = ([key] if key in flags else []) if kind == "other" else _argparse_match(key, flags)
+        matches = ([key] if key in flags else []) if kind == "exact" else _argparse_match(key, flags)
         if len(matches) > 1:
             out.update(how="ambiguous", matches=matches)
         elif matches:
@@ -209,7 +213,7 @@ def did_you_mean(flag: str, flags: set[str] | dict[str, bool], engine: str | Non
     if r["how"] == "abbreviation":
         return [r["option"]]
     key = flag.split("=", 1)[0]
-    if _engine_kind(engine) == _VLLM and key.startswith("--"):
+    if _reader(engine) == "flexible" and key.startswith("--"):
         key = "--" + key[2:].split(".", 1)[0].replace("_", "-")
     # long options first; `--no-x` only when the flag was a `--no-` one (else `--x` is the hint)
     pool = sorted((f for f in set(flags) if key.startswith("--no-") or not f.startswith("--no-")),

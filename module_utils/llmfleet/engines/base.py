@@ -62,6 +62,9 @@ class Profile:
     fit_argv_flags: tuple[str, ...] = ()
     fit_breakdown: tuple[tuple[Any, Callable[[Any], dict]], ...] = ()  # (pattern, the figures of a match)
     rank_re: Any = None  # the rank a start-up line is from (the fit breakdown's per-rank figures)
+    # How the engine reads argv (llmfleet.engine.helpflags): "flexible" (vLLM's FlexibleArgumentParser: underscores,
+    # dotted keys, -O), "argparse" (plain argparse, allow_abbrev on) or "exact" (option strings as the help lists them).
+    argv_reader: str = "exact"
     # Flags a front-end takes before the help-printing parser sees argv (not in the --help text).
     help_extra_flags: Mapping[str, bool] = field(default_factory=dict)
     # The serving benchmark (bench/serve.py): its argv, the file type its results are written in.

@@ -104,6 +104,7 @@ PROFILE = Profile(
     },
     fit_argv_flags=("--context-length", "--max-running-requests", "--mem-fraction-static", "--kv-cache-dtype"),
     fit_breakdown=BREAKDOWN,
+    argv_reader="argparse",
     # "[… PP1 TP3]"
     rank_re=re.compile(r"^\[[^\]]*?((?: ?(?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)+)\]"),
     # `sglang serve` itself takes --model-type (sglang/cli/serve.py, mentioned in prose at the top of its help).

@@ -169,6 +169,7 @@ PROFILE = Profile(
     },
     fit_argv_flags=("--max-model-len", "--max-num-seqs", "--gpu-memory-utilization", "--kv-cache-dtype"),
     fit_breakdown=BREAKDOWN,
+    argv_reader="flexible",
     # "(Worker_TP3 pid=…)" / "(Worker_PP1_TP3 pid=…)"
     rank_re=re.compile(r"\((Worker_[A-Z]+\d+(?:_[A-Z]+\d+)*) pid=\d+\)"),
     bench_tool=("vllm", "bench", "serve"),
