@@ -19,26 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from . import __version__
-from .cli_grammar import EXIT_CODES, alias, completion_script, stamp_schema
+from .cli_grammar import EXIT_CODES, alias, at_least, completion_script, stamp_schema
 from .facts import revision_problem
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # ---- argument types: a bad value is an argparse error (usage line + one error line, exit 2) ----------
-
-
-def _at_least(low: int) -> Callable[[str], int]:
-    def whole_number(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (give one >= {low})") from None
-        if n < low:
-            raise argparse.ArgumentTypeError(f"{n} is too small: give a number >= {low}")
-        return n
-
-    return whole_number
 
 
 def _var_value(text: str) -> tuple[str, str]:
@@ -319,34 +306,24 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 # Subcommands whose module brings its own arguments and runner (add_arguments, run), named relative to this
 # package (`module:attribute` for an object): imported only for the command that runs, or when the whole parser is
 # built (completion). The ops-host tools (OPS_HOST) are not in a node's runtime package.
-# fmt: off
 PLUGGED = (
     ("accept", "accept.run", "the API acceptance gate against a running endpoint (docs/acceptance.md)"),
-    ("bench", "bench.serve",
-     "serving benchmark of an endpoint with the engine's own tool (docs/measurements/bench-serving.md)"),
-    ("warmup", "accept.warmup",
-     "warm a ready endpoint over an input-length x concurrency matrix, timed (docs/warmup.md)"),
-    ("specdecode", "engine.specdecode",
-     "speculative decoding's acceptance from an engine's /metrics, and whether it pays"),
-    ("precompile", "engine.precompile",
-     "run a kernel precompile once per fingerprint (the unit's ExecStartPre; a stamp file)"),
+    ("bench", "bench.serve", "serving benchmark with the engine's own tool (docs/measurements/bench-serving.md)"),
+    ("warmup", "accept.warmup", "warm a ready endpoint over input lengths x concurrencies, timed (docs/warmup.md)"),
+    ("specdecode", "engine.specdecode", "speculative decoding's acceptance from the engine's /metrics; does it pay"),
+    ("precompile", "engine.precompile", "a kernel precompile, once per fingerprint (a unit's ExecStartPre, stamped)"),
     # On-call (docs/runbook.md): over SSH with the inventory Ansible reads.
-    ("status", "oncall.status",
-     "is it serving: one line per node (unit, record, phase, API port, GPU memory), over SSH"),
+    ("status", "oncall.status", "is it serving: a line per node (unit, record, phase, API port, GPU memory), over SSH"),
     ("logs", "oncall.logs", "journal tails per node; --first-failed: the node and rank that failed first, and why"),
     ("bundle", "oncall.bundle", "collect an incident bundle (journals, kernel log, systemctl show, records) for `why`"),
-    ("why", "oncall.why",
-     "why did it die: triage of an incident bundle, or of a deployment over SSH (docs/runbook.md)"),
+    ("why", "oncall.why", "why did it die: triage of an incident bundle or of a deployment over SSH (docs/runbook.md)"),
     ("stop", "oncall.stop", "stop a deployment in order (router, head, workers), bounded; says what it had to kill"),
     ("restart", "oncall.restart", "stop in order, start in rank order, wait until every unit is READY"),
-    ("rdma-proof", "oncall.rdma",
-     "HCA port byte counters on all nodes around CMD (or a sleep); silent rails called out"),
+    ("rdma-proof", "oncall.rdma", "HCA port byte counters on all nodes around CMD (or a sleep); names silent rails"),
     ("fit", "engine.fit_cli:fit_command", "will it fit: GPU memory per rank, and does the engine know the model"),
-    ("startscan", "engine.fit_cli:scan_command",
-     "a start-up log's fell-back lines (untuned MoE, attention backend) and memory"),
+    ("startscan", "engine.fit_cli:scan_command", "a start log's fallbacks (untuned MoE, attention backend) and memory"),
     ("report", "report.cli", "the deployment report: HTML page + markdown from this run's records, pass/fail per step"),
 )
-# fmt: on
 # Subpackages of the ops host's install only (pip install llmfleet there); roles ship the rest to nodes.
 OPS_HOST = ("accept", "oncall", "report")
 
@@ -445,7 +422,7 @@ def _add_node_commands(sub: Any) -> None:
     v.add_argument("dir", help="checkpoint directory (holds config.json and the shards)")
     v.add_argument("--manifest", help="manifest JSON to check sizes and sha256 against")
     v.add_argument("--no-hash", action="store_true", help="with --manifest: check sizes only, skip sha256")
-    v.add_argument("--threads", type=_at_least(1), default=4, help="files hashed in parallel (default 4)")
+    v.add_argument("--threads", type=at_least(1), default=4, help="files hashed in parallel (default 4)")
     v.add_argument("--json", action="store_true", help="machine-readable output")
     v.set_defaults(func=_cmd_checkpoint_verify, schema_name="checkpoint-verify")
     m = cks.add_parser(
@@ -455,7 +432,7 @@ def _add_node_commands(sub: Any) -> None:
     m.add_argument(
         "--revision", type=_commit, help="40-hex commit to record (default: from a hub-cache snapshots/<rev> path)"
     )
-    m.add_argument("--threads", type=_at_least(1), default=4, help="files hashed in parallel (default 4)")
+    m.add_argument("--threads", type=at_least(1), default=4, help="files hashed in parallel (default 4)")
     m.add_argument("-o", "--output", metavar="FILE", help="write to this file (atomically) instead of stdout")
     m.add_argument("--json", action="store_true", help="accepted for symmetry: the manifest is always JSON")
     m.set_defaults(func=_cmd_checkpoint_manifest, schema_name=None)  # a manifest names its own "format"
@@ -487,15 +464,15 @@ def _add_node_commands(sub: Any) -> None:
     st.add_argument("--revision", required=True, type=_commit, help="40-hex commit of the revision")
     st.add_argument("--root", default="/mnt/nvme/models", help="staging root (default /mnt/nvme/models)")
     st.add_argument("--manifest", help="manifest JSON (default: build it, reading the source once)")
-    st.add_argument("--threads", type=_at_least(1), default=4, help="concurrent file copies (default 4)")
+    st.add_argument("--threads", type=at_least(1), default=4, help="concurrent file copies (default 4)")
     st.add_argument(
         "--keep-revisions",
-        type=_at_least(1),
+        type=at_least(1),
         default=2,
         metavar="N",
         help="published revisions to keep (default 2; the current one is always kept)",
     )
-    alias(st, "--keep", "--keep-revisions", "keep_revisions", type=_at_least(1))
+    alias(st, "--keep", "--keep-revisions", "keep_revisions", type=at_least(1))
     st.add_argument("--deep-verify", action="store_true", help="re-hash a published revision")
     st.add_argument("--check", action="store_true", help="say what would be copied, change nothing")
     st.add_argument("--json", action="store_true")

@@ -42,17 +42,6 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def positive_seconds(text: str) -> float:
-    """An argparse type: a number of seconds > 0 (a bad one is a usage error naming it)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds > 0")
-    return v
-
-
 def alias(p: argparse.ArgumentParser, old: str, new: str, dest: str, **kw: Any) -> None:
     """Add OLD as a hidden, deprecated spelling of NEW (same dest)."""
     p.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, default=argparse.SUPPRESS, **kw)
@@ -136,20 +125,41 @@ class CommaList(argparse.Action):
         setattr(namespace, self.dest, [n for v in values for n in v])
 
 
-def finite_positive(what: str) -> Any:
-    """A finite number > 0 (nan and inf are usage errors, not a traceback three calls later)."""
+def _number(convert: Any, name: str, not_one: str, problem: Any) -> Any:
+    """An argparse type: convert(text), a usage error naming the text when it is no number or problem(text, value)
+    says what is wrong with it (nan and inf included: not a traceback three calls later)."""
 
-    def parse(text: str) -> float:
+    def parse(text: str) -> Any:
         try:
-            v = float(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {what}") from None
-        if not math.isfinite(v) or v <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of {what} > 0")
-        return v
+            raise argparse.ArgumentTypeError(f"{text!r} is not {not_one}") from None
+        why = problem(text, value)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return value
 
-    parse.__name__ = what
+    parse.__name__ = name
     return parse
+
+
+def finite_positive(what: str) -> Any:
+    """A finite number of `what` > 0."""
+
+    def problem(text: str, v: float) -> str | None:
+        return None if math.isfinite(v) and v > 0 else f"{text!r}: give a finite number of {what} > 0"
+
+    return _number(float, what, f"a number of {what}", problem)
+
+
+# The on-call commands' and llmfleet accept's timeouts.
+positive_seconds = finite_positive("seconds")
+
+
+def at_least(low: int) -> Any:
+    """A whole number >= low."""
+    return _number(int, "whole number", f"a whole number (give one >= {low})",
+                   lambda _, n: f"{n} is too small: give a number >= {low}" if n < low else None)  # fmt: skip
 
 
 def stamp_schema(doc: Any, name: str) -> Any:

@@ -163,6 +163,17 @@ class Client:
             h["Authorization"] = f"Bearer {self.api_key}"
         return h
 
+    def _send(
+        self, box: dict[str, Any], method: str, path: str, data: bytes | None, timeout: float, *, stream: bool = False
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Connect, send and read the response's head; the socket goes into box["sock"] first, so the waiting
+        thread can abort a request that hangs (_abort)."""
+        conn = self._connection(timeout)
+        conn.connect()
+        box["sock"] = conn.sock
+        conn.request(method, self.prefix + path, body=data, headers=self._headers(data, stream=stream))
+        return conn, conn.getresponse()
+
     # -- plain requests ---------------------------------------------------------------------------
 
     def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Reply:
@@ -175,11 +186,7 @@ class Client:
 
         def work() -> None:
             try:
-                conn = self._connection(limit)
-                conn.connect()
-                box["sock"] = conn.sock
-                conn.request(method, self.prefix + path, body=data, headers=self._headers(data))
-                resp = conn.getresponse()
+                conn, resp = self._send(box, method, path, data, limit)
                 raw = resp.read()
                 box["status"], box["raw"] = resp.status, raw
                 conn.close()
@@ -229,11 +236,7 @@ class Client:
 
         def work() -> None:
             try:
-                conn = self._connection(total_s)
-                conn.connect()
-                box["sock"] = conn.sock
-                conn.request("POST", self.prefix + path, body=data, headers=self._headers(data, stream=True))
-                resp = conn.getresponse()
+                _, resp = self._send(box, "POST", path, data, total_s, stream=True)
                 ctype = resp.getheader("Content-Type") or ""
                 if resp.status != 200 or "event-stream" not in ctype:
                     q.put(("reply", resp.status, resp.read(), ctype))

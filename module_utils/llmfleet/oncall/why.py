@@ -26,11 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "one); without it, one is collected from the inventory's nodes now")  # fmt: skip
     p.add_argument("--since", metavar="T", help="collecting: journal entries since T (as journalctl takes it)")
     p.add_argument(
-        "-o",
-        "--output",
-        dest="keep",
-        metavar="DIR",
-        help="collecting: keep the bundle in DIR (must not exist, or be empty)",
+        "-o", "--output", dest="keep", metavar="DIR", help="collecting: keep the bundle in DIR (new or empty)"
     )
     alias(p, "--keep", "-o/--output", "keep")
 
