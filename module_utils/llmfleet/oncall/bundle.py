@@ -34,20 +34,8 @@ from typing import Any, TextIO
 
 from .. import __version__
 from ..fleet_inventory import Fleet
-from .common import (
-    AutoTransport,
-    NodeResult,
-    UsageError,
-    add_fleet_arguments,
-    call_probe,
-    check_deployment_known,
-    emit_json,
-    fan_out,
-    fleet_of,
-    guarded,
-    unit_specs,
-    where,
-)
+from . import common
+from .common import AutoTransport, NodeResult, UsageError, where
 
 SCHEMA = "llmfleet.bundle/1"
 MIB = 1 << 20
@@ -57,7 +45,7 @@ REQUIRED = ("journal-", "unit-", "kernel.txt")  # a failure to read these is an 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(p, timeout=300.0)
+    common.add_fleet_arguments(p, timeout=300.0)
     p.add_argument(
         "-o", "--output", required=True, metavar="DIR", help="bundle directory (must not exist, or be empty)"
     )
@@ -76,7 +64,7 @@ def _mib(text: str) -> int:
 
 
 def run(args: argparse.Namespace, transport: Any = None) -> int:
-    return guarded("bundle", lambda: _run(args, transport))
+    return common.guarded("bundle", lambda: _run(args, transport))
 
 
 def check_output(path: str) -> str:
@@ -195,7 +183,7 @@ def _run(args: argparse.Namespace, transport: Any) -> int:
     out = check_output(args.output)
     if args.since is not None and not SINCE_RE.match(args.since):
         raise UsageError(f"--since {args.since!r}: give a time journalctl takes, e.g. '2026-11-29 10:00' or -2h")
-    fleet = fleet_of(args)
+    fleet = common.fleet_of(args)
     caps = {"journal": args.max_mib * MIB, "kernel": max(1, args.max_mib // 2) * MIB, "record": 4 * MIB,
             "nvidia": 4 * MIB}  # fmt: skip
     t = transport or AutoTransport()
@@ -203,10 +191,10 @@ def _run(args: argparse.Namespace, transport: Any) -> int:
     progress = Progress(len(fleet.nodes))
 
     def probe(node):
-        units = [dict(s, always=s["role"] == "engine") for s in unit_specs(fleet, node)]
+        units = [dict(s, always=s["role"] == "engine") for s in common.unit_specs(fleet, node)]
         spec = {"op": "bundle", "units": units, "since": args.since, "caps": caps}
         try:
-            data = call_probe(t, node, spec, args.timeout, max_output=(3 * args.max_mib + 64) * MIB * 4 // 3)
+            data = common.call_probe(t, node, spec, args.timeout, max_output=(3 * args.max_mib + 64) * MIB * 4 // 3)
         except Exception as e:
             progress.node(node.name, error=str(e) or type(e).__name__)
             raise
@@ -215,11 +203,11 @@ def _run(args: argparse.Namespace, transport: Any) -> int:
 
     progress.start(args.timeout)
     try:
-        results = fan_out(fleet.nodes, probe)
+        results = common.fan_out(fleet.nodes, probe)
     finally:
         if transport is None:
             t.close()
-    check_deployment_known(fleet, results)
+    common.check_deployment_known(fleet, results)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=os.path.dirname(out))
     try:
         doc = write_bundle(tmp, fleet, results, args)
@@ -236,7 +224,7 @@ def _run(args: argparse.Namespace, transport: Any) -> int:
 
 def _report(args: argparse.Namespace, fleet: Fleet, out: str, doc: dict) -> int:
     if args.json:
-        emit_json(dict(doc, path=out))
+        common.emit_json(dict(doc, path=out))
         return 1 if doc["errors"] else 0
     files = [f for n in doc["nodes"] for f in n["files"]]
     size = sum(f["bytes"] for f in files)

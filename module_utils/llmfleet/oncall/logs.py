@@ -19,21 +19,8 @@ from typing import Any
 
 from ..engine.logobserver import is_error_line, rank_of
 from ..fleet_inventory import Fleet
-from .common import (
-    AutoTransport,
-    NodeResult,
-    add_fleet_arguments,
-    call_probe,
-    check_deployment_known,
-    describe,
-    emit_json,
-    fan_out,
-    fleet_of,
-    guarded,
-    iso,
-    short,
-    unit_specs,
-)
+from . import common
+from .common import AutoTransport, NodeResult, describe, iso, short
 from .status import rank_text, record_failed
 
 INCIDENT_GAP_S = 900.0  # failures closer than this belong to one incident (vLLM's dist timeout is 600 s)
@@ -42,7 +29,7 @@ _JOURNAL_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?)(Z|[+-
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(p, timeout=60.0)
+    common.add_fleet_arguments(p, timeout=60.0)
     p.add_argument("-n", "--lines", type=_count, default=50, help="journal lines per unit (default 50)")
     p.add_argument("--first-failed", action="store_true", help="only the node and rank that failed first, and why")
     p.add_argument(
@@ -57,7 +44,7 @@ def _count(text: str) -> int:
 
 
 def run(args: argparse.Namespace, transport: Any = None) -> int:
-    return guarded("logs", lambda: _run(args, transport))
+    return common.guarded("logs", lambda: _run(args, transport))
 
 
 def journal_time(line: str) -> tuple[float | None, str]:
@@ -152,7 +139,7 @@ def _tails(fleet: Fleet, results: list[NodeResult], lines: int) -> tuple[list[st
         if r.data is None:
             out.append(f"==> {describe(r.node)}: UNREACHABLE: {r.error} <==")
             continue
-        for spec in unit_specs(fleet, r.node):
+        for spec in common.unit_specs(fleet, r.node):
             u = r.data["units"].get(spec["unit"]) or {}
             if spec["role"] == "router" and (u.get("show") or {}).get("LoadState") != "loaded":
                 continue
@@ -164,22 +151,22 @@ def _tails(fleet: Fleet, results: list[NodeResult], lines: int) -> tuple[list[st
 
 
 def _run(args: argparse.Namespace, transport: Any) -> int:
-    fleet = fleet_of(args)
+    fleet = common.fleet_of(args)
     t = transport or AutoTransport()
     try:
         n = max(args.lines, args.scan_lines) if args.first_failed else args.lines
 
         def probe(node):
-            spec = {"op": "logs", "units": unit_specs(fleet, node), "lines": n, "records": args.first_failed}
-            return call_probe(t, node, spec, args.timeout)
+            spec = {"op": "logs", "units": common.unit_specs(fleet, node), "lines": n, "records": args.first_failed}
+            return common.call_probe(t, node, spec, args.timeout)
 
-        results = fan_out(fleet.nodes, probe)
-        check_deployment_known(fleet, results)
+        results = common.fan_out(fleet.nodes, probe)
+        common.check_deployment_known(fleet, results)
         unreachable = [r for r in results if r.data is None]
         if not args.first_failed:
             text, docs = _tails(fleet, results, args.lines)
             if args.json:
-                emit_json({"deployment": fleet.deployment, "nodes": docs})
+                common.emit_json({"deployment": fleet.deployment, "nodes": docs})
             else:
                 print("\n".join(text))
             return 1 if unreachable else 0
@@ -187,10 +174,10 @@ def _run(args: argparse.Namespace, transport: Any) -> int:
         tail: list[str] = []
         if pick:
             node = next(x for x in fleet.nodes if x.name == pick["node"])
-            spec = {"op": "logs", "units": [s for s in unit_specs(fleet, node) if s["unit"] == pick["unit"]],
+            spec = {"op": "logs", "units": [s for s in common.unit_specs(fleet, node) if s["unit"] == pick["unit"]],
                     "lines": args.lines, "until": pick["t"] + AFTER_FAILURE_S}  # fmt: skip
             try:
-                got = call_probe(t, node, spec, args.timeout)
+                got = common.call_probe(t, node, spec, args.timeout)
                 tail = (got["units"][pick["unit"]].get("journal") or "").splitlines()
             except Exception as e:  # the pick stands; say why the tail is missing
                 tail = [f"(cannot read the journal of {node.name} again: {e})"]
@@ -203,7 +190,7 @@ def _run(args: argparse.Namespace, transport: Any) -> int:
 def _show_pick(args: argparse.Namespace, fleet: Fleet, pick: dict | None, tail: list[str], unreachable: list) -> int:
     missing = [f"{r.node.name}: unreachable: {r.error}" for r in unreachable]
     if args.json:
-        emit_json({"deployment": fleet.deployment, "first_failed": pick, "lines": tail, "unreachable": missing})
+        common.emit_json({"deployment": fleet.deployment, "first_failed": pick, "lines": tail, "unreachable": missing})
     elif pick is None:
         print(f"no failure found: no termination record shows one, and no error-looking line in the last "
               f"{args.scan_lines} journal lines of any unit")  # fmt: skip

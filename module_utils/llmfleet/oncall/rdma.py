@@ -20,26 +20,14 @@ import time
 from typing import Any
 
 from ..cli_grammar import positive_seconds
-from .common import (
-    AutoTransport,
-    NodeResult,
-    UsageError,
-    add_fleet_arguments,
-    call_probe,
-    emit_json,
-    fan_out,
-    fleet_of,
-    guarded,
-    quote,
-    table,
-    where,
-)
+from . import common
+from .common import AutoTransport, NodeResult, UsageError, quote, table, where
 
 WORD = 4  # port_xmit_data / port_rcv_data count 4-byte words (octets divided by 4)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(p, deployment=False, timeout=30.0)
+    common.add_fleet_arguments(p, deployment=False, timeout=30.0)
     p.add_argument("--sysfs-root", default="/sys", help="sysfs root on the nodes (default /sys; tests use fake trees)")
     p.add_argument(
         "--duration", type=positive_seconds, default=10.0, help="without CMD: seconds between the readings (default 10)"
@@ -48,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, transport: Any = None) -> int:
-    return guarded("rdma-proof", lambda: _run(args, transport))
+    return common.guarded("rdma-proof", lambda: _run(args, transport))
 
 
 def hca_filter(text: str) -> tuple[bool, bool, list[tuple[str, str | None]]]:
@@ -152,16 +140,16 @@ def _run(args: argparse.Namespace, transport: Any) -> int:  # noqa: PLR0912 (rea
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if cmd and not shutil.which(cmd[0]):
         raise UsageError(f"CMD {cmd[0]!r}: not found on this host (give a program on PATH, after --)")
-    fleet = fleet_of(args)
+    fleet = common.fleet_of(args)
     t = transport or AutoTransport()
 
     def read(node):
         spec = {"op": "counters", "sysfs_root": args.sysfs_root, "fabric_env": node.fabric_env}
-        return call_probe(t, node, spec, args.timeout)
+        return common.call_probe(t, node, spec, args.timeout)
 
     cmd_rc = None
     try:
-        before = fan_out(fleet.nodes, read)
+        before = common.fan_out(fleet.nodes, read)
         t0 = time.monotonic()
         if cmd:
             print(f"running: {quote(cmd)}", file=sys.stderr, flush=True)
@@ -169,7 +157,7 @@ def _run(args: argparse.Namespace, transport: Any) -> int:  # noqa: PLR0912 (rea
         else:
             time.sleep(args.duration)
         seconds = time.monotonic() - t0
-        after = fan_out(fleet.nodes, read)
+        after = common.fan_out(fleet.nodes, read)
     finally:
         if transport is None:
             t.close()
@@ -182,7 +170,7 @@ def _run(args: argparse.Namespace, transport: Any) -> int:  # noqa: PLR0912 (rea
         calls.append(f"CMD exited {cmd_rc}: {quote(cmd)}")
     no_rails = [d["node"] for d in docs if not d.get("error") and not (d.get("env") or {}).get("NCCL_IB_HCA")]
     if args.json:
-        emit_json({"command": cmd or None, "cmd_rc": cmd_rc, "seconds": round(seconds, 3), "word_bytes": WORD,
+        common.emit_json({"command": cmd or None, "cmd_rc": cmd_rc, "seconds": round(seconds, 3), "word_bytes": WORD,
                    "ok": not calls, "called_out": calls, "no_nccl_ib_hca": no_rails, "nodes": docs})  # fmt: skip
         return 1 if calls else 0
     around = f"around `{quote(cmd)}`" if cmd else "over a sleep"

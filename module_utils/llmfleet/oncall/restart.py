@@ -17,28 +17,16 @@ from typing import Any
 
 from ..cli_grammar import positive_seconds
 from ..fleet_inventory import Fleet, Node
-from .common import (
-    AutoTransport,
-    NodeResult,
-    TransportError,
-    add_fleet_arguments,
-    add_stop_timeout,
-    call_probe,
-    emit_json,
-    fan_out,
-    fleet_of,
-    guarded,
-    unit_specs,
-    where,
-)
+from . import common
+from .common import AutoTransport, NodeResult, TransportError, where
 from .stop import assess, render, stop_fleet
 
 POLL_S = 2.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(p, timeout=None)
-    add_stop_timeout(p)
+    common.add_fleet_arguments(p, timeout=None)
+    common.add_stop_timeout(p)
     p.add_argument(
         "--ready-timeout",
         type=positive_seconds,
@@ -47,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, transport: Any = None) -> int:
-    return guarded("restart", lambda: _run(args, transport))
+    return common.guarded("restart", lambda: _run(args, transport))
 
 
 def start_in_order(fleet: Fleet, t: Any, before: list[NodeResult]) -> list[dict]:
@@ -57,13 +45,13 @@ def start_in_order(fleet: Fleet, t: Any, before: list[NodeResult]) -> list[dict]
         for r in before
         if r.node.head
     )
-    steps: list[tuple[Node, dict]] = [(n, s) for n in fleet.nodes for s in unit_specs(fleet, n, router=False)]
+    steps: list[tuple[Node, dict]] = [(n, s) for n in fleet.nodes for s in common.unit_specs(fleet, n, router=False)]
     if router_loaded:
-        steps.append((fleet.head, unit_specs(fleet, fleet.head)[0]))
+        steps.append((fleet.head, common.unit_specs(fleet, fleet.head)[0]))
     out = []
     for node, spec in steps:
         try:
-            got = call_probe(t, node, {"op": "start", "units": [spec]}, 60)["units"][0]
+            got = common.call_probe(t, node, {"op": "start", "units": [spec]}, 60)["units"][0]
             out.append({"node": node.name, "unit": spec["unit"], "error": got["error"]})
         except TransportError as e:
             out.append({"node": node.name, "unit": spec["unit"], "error": str(e)})
@@ -76,8 +64,9 @@ def wait_ready(fleet: Fleet, t: Any, started: list[dict], deadline_s: float, qui
     end = time.monotonic() + deadline_s
     last = None
     while True:
-        res = fan_out(
-            fleet.nodes, lambda n: call_probe(t, n, {"op": "state", "units": unit_specs(fleet, n), "list": False}, 30)
+        res = common.fan_out(
+            fleet.nodes,
+            lambda n: common.call_probe(t, n, {"op": "state", "units": common.unit_specs(fleet, n), "list": False}, 30),
         )
         states, failed, pending = [], [], []
         for r in res:
@@ -107,7 +96,7 @@ def wait_ready(fleet: Fleet, t: Any, started: list[dict], deadline_s: float, qui
 
 
 def _run(args: argparse.Namespace, transport: Any) -> int:
-    fleet = fleet_of(args)
+    fleet = common.fleet_of(args)
     ready_timeout = args.ready_timeout or fleet.head.ready_deadline
     t = transport or AutoTransport()
     doc: dict[str, Any] = {"action": "restart", "deployment": fleet.deployment}
@@ -145,7 +134,7 @@ def _run(args: argparse.Namespace, transport: Any) -> int:
 def _finish(args: argparse.Namespace, doc: dict, lines: list[str]) -> int:
     doc.setdefault("ok", False)
     if args.json:
-        emit_json(doc)
+        common.emit_json(doc)
     else:
         print("\n".join(lines))
     return 0 if doc["ok"] else 1

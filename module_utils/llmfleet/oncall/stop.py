@@ -15,46 +15,36 @@ import argparse
 from typing import Any
 
 from ..fleet_inventory import Fleet, Node
-from .common import (
-    AutoTransport,
-    NodeResult,
-    add_fleet_arguments,
-    add_stop_timeout,
-    call_probe,
-    check_deployment_known,
-    emit_json,
-    fan_out,
-    fleet_of,
-    guarded,
-    has_router,
-    short,
-    unit_specs,
-    where,
-)
+from . import common
+from .common import AutoTransport, NodeResult, has_router, short, where
 
 STOPPED = ("inactive", "failed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(p, timeout=None)
-    add_stop_timeout(p)
+    common.add_fleet_arguments(p, timeout=None)
+    common.add_stop_timeout(p)
 
 
 def run(args: argparse.Namespace, transport: Any = None) -> int:
-    return guarded("stop", lambda: _run(args, transport))
+    return common.guarded("stop", lambda: _run(args, transport))
 
 
 def stop_fleet(fleet: Fleet, t: Any, timeout: float) -> tuple[list[NodeResult], list[NodeResult]]:
     """(the state round before, the stop results in stop order: the head, then the workers)."""
-    before = fan_out(fleet.nodes, lambda n: call_probe(t, n, {"op": "state", "units": unit_specs(fleet, n)}, 60))
-    check_deployment_known(fleet, before)
+    before = common.fan_out(
+        fleet.nodes, lambda n: common.call_probe(t, n, {"op": "state", "units": common.unit_specs(fleet, n)}, 60)
+    )
+    common.check_deployment_known(fleet, before)
     per_call = (timeout + 60) * 2
 
     def stop(node: Node) -> dict:
-        return call_probe(t, node, {"op": "stop", "units": unit_specs(fleet, node), "timeout": timeout}, per_call)
+        return common.call_probe(
+            t, node, {"op": "stop", "units": common.unit_specs(fleet, node), "timeout": timeout}, per_call
+        )
 
-    head = fan_out([fleet.head], stop)
-    return before, head + fan_out(fleet.nodes[1:], stop)
+    head = common.fan_out([fleet.head], stop)
+    return before, head + common.fan_out(fleet.nodes[1:], stop)
 
 
 def assess(fleet: Fleet, results: list[NodeResult]) -> tuple[list[dict], list[str], list[str]]:
@@ -106,7 +96,7 @@ def render(docs: list[dict]) -> list[str]:
 
 
 def _run(args: argparse.Namespace, transport: Any) -> int:
-    fleet = fleet_of(args)
+    fleet = common.fleet_of(args)
     t = transport or AutoTransport()
     try:
         _, results = stop_fleet(fleet, t, args.timeout)
@@ -115,7 +105,7 @@ def _run(args: argparse.Namespace, transport: Any) -> int:
             t.close()
     docs, problems, kills = assess(fleet, results)
     if args.json:
-        emit_json({"action": "stop", "deployment": fleet.deployment, "stopped": not problems, "clean": not kills,
+        common.emit_json({"action": "stop", "deployment": fleet.deployment, "stopped": not problems, "clean": not kills,
                    "problems": problems, "killed": kills, "nodes": docs})  # fmt: skip
     else:
         print(f"stop {fleet.unit()}: router first, then the head {fleet.head.name}, then the other nodes "

@@ -16,12 +16,13 @@ from typing import Any
 
 from ..cli_grammar import alias
 from . import bundle as oncall_bundle
-from .common import UsageError, add_fleet_arguments, guarded
+from . import common
+from .common import UsageError
 from .triage import verdict as triage
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(p, timeout=300.0)
+    common.add_fleet_arguments(p, timeout=300.0)
     p.add_argument("--bundle", metavar="DIR", help="an incident bundle directory (`llmfleet bundle -o DIR` writes "
                    "one); without it, one is collected from the inventory's nodes now")  # fmt: skip
     p.add_argument("--since", metavar="T", help="collecting: journal entries since T (as journalctl takes it)")
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace, transport: Any = None) -> int:
                   file=sys.stderr)  # fmt: skip
             return 2
         return triage.run(args)
-    return guarded("why", lambda: _collect_and_analyse(args, transport))
+    return common.guarded("why", lambda: _collect_and_analyse(args, transport))
 
 
 def _collect_and_analyse(args: argparse.Namespace, transport: Any) -> int:
