@@ -44,9 +44,10 @@ def llmfleet_stage_range_problems(values: Mapping) -> list:
         except (TypeError, ValueError):
             out.append(f"{name}={value!r} is not a number")
             continue
-        problem = range_problem({name: int(number) if number.is_integer() else number}, {name: STAGE_RANGES[name]})
+        low, high, why = STAGE_RANGES[name]
+        problem = range_problem({name: int(number) if number.is_integer() else number}, {name: (low, high, None)})
         if problem:
-            out.append(problem)
+            out.append(f"{problem} ({why})")
     return out
 
 

@@ -35,6 +35,11 @@ options:
     description: The model directory the engine loads; its revision and quantization are hashed.
     type: path
     required: true
+  revision:
+    description:
+      - The revision hashed, the fleet contract's C(llmfleet_model_revision). Omitted, it is the name of the directory
+        I(model_path) resolves to (an C(engine_model_path) override).
+    type: str
   tp:
     description: Tensor-parallel size.
     type: int
@@ -95,7 +100,7 @@ inputs:
   returned: success
   type: dict
 model_real_path:
-  description: I(model_path) with symlinks resolved (the revision directory behind C(current)).
+  description: I(model_path) with symlinks resolved.
   returned: success
   type: str
 cache_dir:
@@ -148,6 +153,7 @@ def argument_spec() -> dict:
         "engine": {"type": "str", "required": True},
         "engine_version": {"type": "str"},
         "model_path": {"type": "path", "required": True},
+        "revision": {"type": "str"},
         "tp": {"type": "int", "required": True},
         "pp": {"type": "int", "required": True},
         "extra": {"type": "raw"},
@@ -175,7 +181,7 @@ def run(module: AnsibleModule) -> None:
         gpu = gpu_facts()
     except PlanError as e:
         module.fail_json(msg=str(e))
-    ident = model_identity(p["model_path"])
+    ident = model_identity(p["model_path"], p["revision"])
     pkg = engines.kind(p["engine"]) or p["engine"]  # the engine package behind the profile (its version)
     inputs = {
         "engine": p["engine"],

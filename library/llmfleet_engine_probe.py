@@ -19,7 +19,9 @@ extends_documentation_fragment:
   - llmfleet_read_only
 options:
   model_path:
-    description: The model path the units name (C(current) or a revision directory); links are resolved.
+    description:
+      - The model directory the units would load - the fleet contract's revision directory, or the inventory's
+        I(engine_model_path) override, whose links are resolved (the deprecated C(current) link among them).
     type: path
     required: true
   claim_dir:
@@ -59,7 +61,7 @@ author: llmfleet developers
 EXAMPLES = r"""
 - name: Read the node's model revision, claims, fabric environment and credentials
   llmfleet_engine_probe:
-    model_path: /mnt/nvme/models/demo-model/current
+    model_path: /mnt/nvme/models/demo-model/5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed
     claim_dir: /etc/llmfleet/gpus
     claim_path: /etc/llmfleet/gpus/demo.json
     fabric_env: /etc/llmfleet/fabric.env
@@ -97,6 +99,10 @@ router_unit_file:
   description: With I(router_unit), whether its unit file is in /etc/systemd/system (a link counts).
   returned: when router_unit is given
   type: bool
+engine_user_exists:
+  description: Whether the I(engine_user) account exists on the node (the base role creates it).
+  returned: when engine_user is given
+  type: bool
 engine_run_as:
   description:
     - The account to run the engine's Python as (C(runuser -u)) - I(engine_user) when the module runs as root and
@@ -109,6 +115,7 @@ engine_run_as:
 
 import json
 import os
+import pwd
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
@@ -199,9 +206,19 @@ def probe(p: dict) -> dict:
     }
     if p["router_unit"]:
         result["router_unit_file"] = os.path.lexists(os.path.join(UNIT_DIR, p["router_unit"]))
+    if p["engine_user"]:
+        result["engine_user_exists"] = user_exists(p["engine_user"])
     if p["engine_user"] and p["engine_python"]:
         result["engine_run_as"] = engine_run_as(p["engine_user"], p["engine_python"])
     return result
+
+
+def user_exists(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return False
+    return True
 
 
 def engine_run_as(user: str, python: str) -> str:

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 # A pinned revision is a commit id: branch and tag names move, so what they name cannot be verified or reproduced.
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
+HEX40 = re.compile(r"^[0-9a-f]{40}\Z")  # \Z, not $: "$" also matches before a final newline
 # The same, inside a longer text (a unit file naming <model dir>/<revision>).
 HEX40_IN_TEXT = r"[0-9a-f]{40}(?![0-9a-f])"
 # The deployment name: the unit llmfleet-<name>.service, its env file, credentials, state and cache directories.
-DEPLOYMENT_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,40}[a-z0-9])?$")
+DEPLOYMENT_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,40}[a-z0-9])?\Z")
 DEPLOYMENT_RULE = "1-42 lowercase letters, digits and '-', starting with a letter and not ending with '-'"
 
 # The model_stage role's numeric settings: variable -> (lowest, highest or None, what it is). The role checks the

@@ -606,6 +606,32 @@ def test_the_unit_loads_the_revision_directory_never_current(default_play):
     assert "EnvironmentFile=/etc/llmfleet/fabric.env" not in unit  # the deployment env holds a copy
 
 
+def test_the_unit_loads_the_contracts_revision_with_no_model_path_given(tmp_path):
+    """The fleet contract's model and revision are enough: the unit names <root>/<model>/<revision>, where staging
+    publishes it (a `current` link pointing elsewhere changes nothing), and no deprecation is said."""
+    mdir = staged(tmp_path, rev=REV_B)  # current -> REV_B; the contract pins REV_A
+    (mdir / REV_A).mkdir()
+    rc, out, d = play(tmp_path, engine_model_path="", llmfleet_model="m", llmfleet_model_revision=REV_A,
+                      llmfleet_model_root=str(mdir.parent))  # fmt: skip
+    assert rc == 0, out[-3000:]
+    _, unit = results(d)
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert f"{mdir}/{REV_A}" in exec_start and REV_B not in exec_start, exec_start
+    assert "DEPRECATED" not in out
+
+
+def test_no_model_at_all_is_named_before_anything_runs(tmp_path):
+    rc, out, _ = play(tmp_path, engine_model_path="")
+    assert rc != 0
+    assert "no model to load: set llmfleet_model and llmfleet_model_revision" in out, out[-3000:]
+
+
+def test_a_model_path_through_current_still_works_with_a_deprecation(default_play):
+    rc, out, _ = default_play
+    assert rc == 0, out[-3000:]
+    assert "DEPRECATED: engine_model_path=" in out and "goes through the `current` link" in out, out[-3000:]
+
+
 def test_nodes_that_would_load_different_revisions_are_refused(tmp_path):
     staged(tmp_path, "pd1", REV_A)
     staged(tmp_path, "pd2", REV_B)

@@ -218,7 +218,7 @@ all:
           hosts:
             localhost: {llmfleet_fabric_ip: 127.0.0.1}
 """
-STAGE_REQUIRED = {"model_stage_model": "m", "model_stage_revision": "c" * 40, "model_stage_source": "/nonexistent"}
+STAGE_REQUIRED = {"llmfleet_model": "m", "llmfleet_model_revision": "c" * 40, "model_stage_source": "/nonexistent"}
 RANGES = [
     # (role, extra vars, text of the failure)
     ("model_stage", {**STAGE_REQUIRED, "model_stage_max_source_readers": 0}, "model_stage_max_source_readers=0 is out of range: it must be >= 1"),
@@ -240,7 +240,15 @@ RANGES = [
     ("preflight", {"preflight_max_clock_offset_s": 0}, "preflight_max_clock_offset_s=0 is out of range: it must be > 0"),
     ("llmfleet", {"llmfleet_gpus_per_node": -8}, "llmfleet_gpus_per_node=-8 is out of range: it must be >= 1"),
     ("llmfleet", {"llmfleet_tp_size": 8, "llmfleet_pp_size": 2}, "over 1 nodes = 16 ranks per node, but llmfleet_gpus_per_node=8"),
-    ("llmfleet", {"model_stage_revision": "main"}, "model_stage_revision=main is not a 40-hex commit id"),
+    # The facts the contract owns, by the package's rules (llmfleet.facts).
+    ("llmfleet", {"llmfleet_model_revision": "main"}, "llmfleet_model_revision='main' is not a 40-hex commit id"),
+    ("llmfleet", {"llmfleet_model": "../etc"}, "llmfleet_model='../etc' is not a model directory name"),
+    ("llmfleet", {"llmfleet_deployment": "Demo_1"}, "llmfleet_deployment='Demo_1' is not a deployment name"),
+    # The older names still set the facts, and are checked as them.
+    ("llmfleet", {"model_stage_revision": "main"}, "llmfleet_model_revision='main' is not a 40-hex commit id"),
+    ("llmfleet", {"model_stage_revision": "a" * 40, "llmfleet_model_revision": "b" * 40},
+     f"model_stage_revision={'a' * 40} and llmfleet_model_revision={'b' * 40} disagree"),
+    ("model_stage", {"model_stage_source": "/nonexistent"}, "Staging needs llmfleet_model"),
 ]  # fmt: skip
 
 
@@ -294,8 +302,8 @@ NOT_CONTRACT = {
 
 def test_every_shared_variable_a_role_reads_is_declared_once_by_the_contract():
     contract = set(spec_of("llmfleet")["options"])
-    text = (ROOT / "filter_plugins/llmfleet_filters.py").read_text()
-    filters = set(re.findall(r'"(llmfleet_\w+)": ', text))
+    plugins = list((ROOT / "filter_plugins").glob("llmfleet_*.py"))
+    filters = {p.stem for p in plugins} | {f for p in plugins for f in re.findall(r'"(llmfleet_\w+)": ', p.read_text())}
     modules = {p.stem for p in (ROOT / "library").glob("llmfleet_*.py")}
     used = set()
     for f in (

@@ -96,8 +96,9 @@ def gpu_facts(timeout: float = 30) -> dict[str, Any]:
     }
 
 
-def model_identity(model_path: str) -> dict[str, Any]:
-    """The revision (the directory `current` points at) and the quantization in config.json."""
+def model_identity(model_path: str, revision: str | None = None) -> dict[str, Any]:
+    """The revision - the one the fleet contract pins, else the name of the directory model_path resolves to (an
+    override of the model path) - and the quantization in config.json."""
     import os
 
     real = os.path.realpath(model_path)
@@ -109,7 +110,7 @@ def model_identity(model_path: str) -> dict[str, Any]:
             quant = f"{qc['quant_method']}:{qc.get('fmt') or qc.get('weight_block_size') or ''}"
     except (OSError, ValueError, AttributeError):
         pass
-    return {"model_revision": os.path.basename(real), "quantization": quant, "model_real_path": real}
+    return {"model_revision": revision or os.path.basename(real), "quantization": quant, "model_real_path": real}
 
 
 def prepare_cache(root: str, fp: str, keep: int, *, uid: int, gid: int, in_use: set[str], check: bool) -> dict:

@@ -51,7 +51,8 @@ def test_options_become_the_fingerprint_and_the_cache_call(fakes, tmp_path, chec
     res = run(mod, base(tmp_path, extra={"moe_kernel": "triton"}, keep=3), check=check)
     assert fakes["engine_versions"].args == ("/opt/vllm/bin/python",)
     assert fakes["engine_versions"].kwargs == {"run_as": ME}  # the engine's account asks its Python, never root
-    assert fakes["model_identity"].args == (str(tmp_path / "model"),)
+    # no revision given (an engine_model_path override): the model directory's own name
+    assert fakes["model_identity"].args == (str(tmp_path / "model"), None)
     assert res["inputs"] == {
         "engine": "vllm_pd",
         "engine_version": "0.32.0",  # vllm_pd runs the vllm package
@@ -112,3 +113,9 @@ def test_package_errors_are_failures_not_tracebacks(fakes, monkeypatch, tmp_path
     monkeypatch.setattr(mod, target, Recorder(raises=error))
     res = fail(mod, base(tmp_path))
     assert text.format(cache=tmp_path / "cache") in res["msg"]
+
+
+def test_the_revision_the_role_gives_is_the_one_hashed(fakes, tmp_path):
+    """The fleet contract's revision reaches the fingerprint as given, never read back from a link on the node."""
+    run(mod, base(tmp_path, revision="5eed" * 10))
+    assert fakes["model_identity"].args == (str(tmp_path / "model"), "5eed" * 10)
