@@ -256,8 +256,8 @@ def bench_fleet(nodes: int, gb: float) -> tuple[str, dict]:
             "-e", "ansible_python_interpreter=/usr/bin/python3",
         ]  # fmt: skip
         ev = {
-            "model_stage_model": "fleet",
-            "model_stage_revision": REV,
+            "llmfleet_model": "fleet",
+            "llmfleet_model_revision": REV,
             "model_stage_source": "/mnt/shared/fleet",
             "model_stage_shared_rw_dir": "/mnt/shared-rw/llmfleet",
             "model_stage_max_source_readers": 1,

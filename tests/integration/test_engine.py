@@ -425,7 +425,7 @@ def test_a_unit_at_its_start_limit_comes_back_on_the_next_converge(prepared):
     assert ask() == "703"
 
 
-REV = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed"  # inventory/lab: model_stage_revision
+REV = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed"  # inventory/lab: llmfleet_model_revision
 MODELS = "/mnt/nvme/models/demo-model"
 
 

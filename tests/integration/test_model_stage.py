@@ -21,8 +21,8 @@ def rev(tag: str) -> str:
 
 def stage_args(tmp_path, model, revision, **extra):
     ev = {
-        "model_stage_model": model,
-        "model_stage_revision": revision,
+        "llmfleet_model": model,
+        "llmfleet_model_revision": revision,
         "model_stage_source": f"/mnt/shared/{model}",
         "llmfleet_report_dir": str(tmp_path),
         **extra,
@@ -147,7 +147,7 @@ def test_disk_full_keeps_the_previous_revision(lab, tmp_path):
     ssh(lab, "node1", f"mkdir -p {small} && mount -t tmpfs -o size=16m tmpfs {small}")
     try:
         fresh_model(lab, model, shards=4, tensors_per_shard=2, shape=(512, 512))  # 4 MiB
-        common = {"model_stage_root": small, "model_stage_keep": 3}
+        common = {"llmfleet_model_root": small, "model_stage_keep": 3}
         run_ansible(*stage_args(tmp_path, model, rev("a"), **common), "-l", "node1")
         assert ssh(lab, "node1", f"readlink {small}/{model}/current").stdout.strip() == rev("a")
         # not enough room by the numbers: refused before copying, naming the node and the sizes

@@ -143,7 +143,7 @@ def test_a_stranger_gets_403_from_a_staging_peer_server_while_the_nodes_stage_fr
     d = lab.shared / model
     shutil.rmtree(d, ignore_errors=True)
     make_checkpoint(d, shards=8, tensors_per_shard=4, shape=(512, 256))  # 8 MiB
-    ev = {"model_stage_model": model, "model_stage_revision": revision, "model_stage_source": f"/mnt/shared/{model}",
+    ev = {"llmfleet_model": model, "llmfleet_model_revision": revision, "model_stage_source": f"/mnt/shared/{model}",
           "llmfleet_report_dir": str(tmp_path), "model_stage_rate_limit_mib_s": 1, "model_stage_peer_port": port,
           "model_stage_activate": False}  # fmt: skip
     argv = ["ansible-playbook", "playbooks/model_stage.yml", *LIMIT, "-e", json.dumps(ev)]
