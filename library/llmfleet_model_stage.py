@@ -405,22 +405,12 @@ def run(module: AnsibleModule) -> None:
                 msg=f"{host}: manifest_path {p['manifest_path']!r} missing: run llmfleet_model_manifest first"
             )
         req = StageRequest(
-            root=p["root"],
-            model=p["model"],
-            revision=p["revision"],
             manifest=manifest,
-            threads=p["threads"],
             margin_bytes=p["free_space_margin_bytes"],
-            keep=p["keep"],
-            deep_verify=p["deep_verify"],
-            activate=p["activate"],
             check_mode=module.check_mode,
-            progress_path=p["progress_path"],
-            rate_limit_bytes_per_s=p["rate_limit_bytes_per_s"],
-            lock_wait=p["lock_wait"],
-            unit_glob=p["unit_glob"],
-            run_by=p["run_by"],
-        )
+            **options(p, "root", "model", "revision", "threads", "keep", "deep_verify", "activate", "progress_path",
+                      "rate_limit_bytes_per_s", "lock_wait", "unit_glob", "run_by"),
+        )  # fmt: skip
         if module.check_mode:
             pl = plan(req)
             module.exit_json(
@@ -433,22 +423,12 @@ def run(module: AnsibleModule) -> None:
         if p["progress_path"]:
             os.makedirs(os.path.dirname(p["progress_path"]), exist_ok=True)
         cfg = SwarmConfig(
-            me=p["me"],
             source_dir=src,
-            source_allow_links_into=p["source_allow_links_into"],
-            lease_dir=p["lease_dir"],
-            max_source_readers=p["max_source_readers"],
-            peers=p["peers"],
-            seeds=p["seeds"],
-            serve_bind=p["serve_bind"],
-            serve_port=p["serve_port"],
-            lease_ttl=p["lease_ttl"],
-            lease_timeout=p["lease_timeout"],
-            peer_wait=p["peer_wait"],
-            peer_dead_after=p["peer_dead_after"],
-            finish_wait=p["finish_wait"],
             peer_key=fabric_key(module, host),
-        )
+            **options(p, "me", "source_allow_links_into", "lease_dir", "max_source_readers", "peers", "seeds",
+                      "serve_bind", "serve_port", "lease_ttl", "lease_timeout", "peer_wait", "peer_dead_after",
+                      "finish_wait"),
+        )  # fmt: skip
     except (StageError, LeaseTimeout, OSError, ValueError) as e:  # ValueError: a malformed manifest file
         module.fail_json(msg=f"{host} ({p['me']}): staging {p['model']}@{p['revision']} failed: {e}")
     if p["detach"]:
@@ -459,6 +439,11 @@ def run(module: AnsibleModule) -> None:
     if result.get("failed"):
         module.fail_json(**result)
     module.exit_json(**result)
+
+
+def options(params: dict, *names: str) -> dict:
+    """The named options as keyword arguments of the same names (those the package takes as they are)."""
+    return {n: params[n] for n in names}
 
 
 def fabric_key(module: AnsibleModule, host: str) -> bytes:
