@@ -211,7 +211,7 @@ def test_a_model_root_others_can_write_is_refused_unless_sticky(tmp_path, src):
     root = tmp_path / "nvme"
     root.mkdir()
     os.chmod(root, 0o777)
-    with pytest.raises(StageError, match=r"the model root \(model_stage_root\) .* mode 0777") as e:
+    with pytest.raises(StageError, match=r"the model root \(llmfleet_model_root\) .* mode 0777") as e:
         run(root, src)
     assert f"chown root:root {root} && chmod 0755 {root}" in str(e.value)
     assert os.listdir(root) == []

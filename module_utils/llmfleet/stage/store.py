@@ -88,11 +88,11 @@ def open_model_dir(mdir: str, *, create: bool = True) -> int | None:
         st = os.fstat(rfd)
         if not _owner_ok(st) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
             raise _untrusted(
-                "the model root (model_stage_root)",
+                "the model root (llmfleet_model_root)",
                 root,
                 st,
                 f"Fix: `chown root:root {root} && chmod 0755 {root}` (or make it sticky, chmod 1777, if other "
-                "accounts must write there), or set model_stage_root to a directory only root can write.",
+                "accounts must write there), or set llmfleet_model_root to a directory only root can write.",
             )
         try:
             fd, _ = safefs.subdir(rfd, model, shown=mdir, mode=DIR_RW, create=create)
@@ -581,7 +581,7 @@ def space_hint(mdir: str, revision: str = "") -> str:
     here = f"{mdir} holds {', '.join(held)}; " if held else ""
     return (
         f"{here}free space (old revisions are removed by GC only after a successful publish: remove ones no "
-        "engine uses by hand) or stage to a bigger disk (model_stage_root)"
+        "engine uses by hand) or stage to a bigger disk (llmfleet_model_root)"
     )
 
 
