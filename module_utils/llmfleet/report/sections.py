@@ -9,8 +9,6 @@ of the page).
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +17,6 @@ from ..checks.nccl_verdict import floor_for
 from ..engine import specdecode
 
 GiB = 2**30
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 # The cold start, in the order it happens (docs/report.md): per node, then the deployment's API.
 NODE_EVENTS = (("unit_start", "unit start"), ("weights_loaded", "weights loaded"), ("node_ready", "ready"))
@@ -42,12 +39,6 @@ def _list(v: Any) -> list:
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def revision_of(path: Any) -> str | None:
-    """The 40-hex revision a pinned model path ends in (…/models/<model>/<revision>), else None."""
-    base = os.path.basename(str(path or "").rstrip("/"))
-    return base if HEX40.match(base) else None
 
 
 def size_text(n: Any) -> str:
@@ -150,7 +141,8 @@ def inventory(
         "profile": engine.get("profile") or endpoint.get("profile"),
         "model": engine.get("model") or endpoint.get("model"),
         "model_path": model_path,
-        "revision": revision_of(model_path) or (stage or {}).get("revision"),
+        # The engine role records the revision it loads (the fleet contract's); the staging record's otherwise.
+        "revision": engine.get("revision") or endpoint.get("revision") or (stage or {}).get("revision"),
         "url": endpoint.get("url"),
         "head": endpoint.get("head"),
     }
@@ -494,7 +486,7 @@ def engine(data: dict) -> dict[str, Any]:
         "profile": data.get("profile"),
         "model": data.get("model"),
         "model_path": model_path,
-        "revision": revision_of(model_path),
+        "revision": data.get("revision"),
         "gates": gates,
         "failure": failure,
     }
