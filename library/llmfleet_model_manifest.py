@@ -131,14 +131,19 @@ trust:
       elements: str
 """
 
-import re
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmfleet.facts import option_ranges, range_problem
 from ansible.module_utils.llmfleet.stage.errors import StageError
 from ansible.module_utils.llmfleet.stage.lease import Lease, LeaseTimeout
-from ansible.module_utils.llmfleet.stage.manifest import build_manifest, obtain_manifest, stat_manifest
+from ansible.module_utils.llmfleet.stage.manifest import (
+    build_manifest,
+    digest_problem,
+    obtain_manifest,
+    source_options,
+    stat_manifest,
+)
 from ansible.module_utils.llmfleet.stage.staging import resolve_source
 from ansible.module_utils.llmfleet.stage.swarm import lease_check
 
@@ -156,13 +161,11 @@ RANGES = option_ranges(
 def argument_spec() -> dict:
     """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
     return {
+        **source_options(),
         "source": {"type": "path", "required": True},
-        "source_allow_links_into": {"type": "list", "elements": "path", "default": []},
         "model": {"type": "str", "required": True},
-        "revision": {"type": "str", "required": True},
         "cache_dir": {"type": "path", "required": True},
         "lease_dir": {"type": "path", "required": True},
-        "max_source_readers": {"type": "int", "default": 2},
         "lease_timeout": {"type": "float", "default": 3600},
         "threads": {"type": "int", "default": 4},
         "expected_sha256": {"type": "str"},
@@ -175,14 +178,14 @@ def build_module() -> AnsibleModule:
 
 def run(module: AnsibleModule) -> None:
     p = module.params
-    bad = range_problem(p, RANGES)
+    bad = range_problem(p, RANGES) or digest_problem(
+        p["expected_sha256"],
+        "expected_sha256",
+        " (set by the role variable model_stage_manifest_sha256) is not a sha256: give the 64 lowercase hex digits "
+        "of manifest_sha256",
+    )
     if bad:
         module.fail_json(msg=f"llmfleet_model_manifest: {bad}")
-    if p["expected_sha256"] and not re.fullmatch(r"[0-9a-f]{64}", p["expected_sha256"]):
-        module.fail_json(
-            msg=f"llmfleet_model_manifest: expected_sha256={p['expected_sha256']!r} (set by the role variable "
-            "model_stage_manifest_sha256) is not a sha256: give the 64 lowercase hex digits of manifest_sha256"
-        )
     try:
         src = resolve_source(p["source"], p["revision"])
         allow = p["source_allow_links_into"]

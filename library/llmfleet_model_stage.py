@@ -300,7 +300,6 @@ gc:
 """
 
 import os
-import re
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
@@ -309,7 +308,13 @@ from ansible.module_utils.llmfleet.fabric_key import FabricKeyError, load_key_fi
 from ansible.module_utils.llmfleet.facts import option_ranges, range_problem
 from ansible.module_utils.llmfleet.stage.errors import StageError
 from ansible.module_utils.llmfleet.stage.lease import LeaseTimeout
-from ansible.module_utils.llmfleet.stage.manifest import load_manifest, manifest_digest, stat_manifest
+from ansible.module_utils.llmfleet.stage.manifest import (
+    digest_problem,
+    load_manifest,
+    manifest_digest,
+    source_options,
+    stat_manifest,
+)
 from ansible.module_utils.llmfleet.stage.staging import StageRequest, plan, resolve_source
 from ansible.module_utils.llmfleet.stage.store import UNIT_GLOB
 from ansible.module_utils.llmfleet.stage.swarm import SwarmConfig, run_node
@@ -337,13 +342,12 @@ RANGES = option_ranges(
 def argument_spec() -> dict:
     """The options (a fresh dict each call: AnsibleModule stores defaults by reference)."""
     return {
+        **source_options(),
         "source": {"type": "path", "required": True},
-        "source_allow_links_into": {"type": "list", "elements": "path", "default": []},
         "manifest_path": {"type": "path"},
         "manifest_sha256": {"type": "str"},
         "root": {"type": "path", "default": "/mnt/nvme/models"},
         "model": {"type": "str", "required": True},
-        "revision": {"type": "str", "required": True},
         "threads": {"type": "int", "default": 4},
         "keep": {"type": "int", "default": 2},
         "unit_glob": {"type": "str", "default": UNIT_GLOB},
@@ -353,7 +357,6 @@ def argument_spec() -> dict:
         "deep_verify": {"type": "bool", "default": False},
         "activate": {"type": "bool", "default": True},
         "lease_dir": {"type": "path", "required": True},
-        "max_source_readers": {"type": "int", "default": 2},
         "lease_ttl": {"type": "float", "default": 120},
         "lease_timeout": {"type": "float", "default": 3600},
         "me": {"type": "str", "required": True},
@@ -379,14 +382,13 @@ def build_module() -> AnsibleModule:
 def run(module: AnsibleModule) -> None:
     p = module.params
     host = socket.gethostname()
-    bad = range_problem(p, RANGES)
+    bad = range_problem(p, RANGES) or digest_problem(
+        p["manifest_sha256"],
+        "manifest_sha256",
+        " is not a sha256: give the manifest_sha256 that llmfleet_model_manifest returned",
+    )
     if bad:
         module.fail_json(msg=f"llmfleet_model_stage: {bad}")
-    if p["manifest_sha256"] and not re.fullmatch(r"[0-9a-f]{64}", p["manifest_sha256"]):
-        module.fail_json(
-            msg=f"llmfleet_model_stage: manifest_sha256={p['manifest_sha256']!r} is not a sha256: give the "
-            "manifest_sha256 that llmfleet_model_manifest returned"
-        )
     try:
         src = resolve_source(p["source"], p["revision"])
         if p["manifest_path"] and os.path.isfile(p["manifest_path"]):

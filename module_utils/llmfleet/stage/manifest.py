@@ -296,6 +296,23 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(canon, separators=(",", ":"), sort_keys=True).encode()).hexdigest()
 
 
+def source_options() -> dict[str, dict[str, Any]]:
+    """The argument spec of the options the manifest and staging modules share (their doc fragment:
+    llmfleet_model_source); a fresh dict each call, as AnsibleModule keeps defaults by reference."""
+    return {
+        "source_allow_links_into": {"type": "list", "elements": "path", "default": []},
+        "revision": {"type": "str", "required": True},
+        "max_source_readers": {"type": "int", "default": 2},
+    }
+
+
+def digest_problem(value: str | None, option: str, fix: str) -> str | None:
+    """What is wrong with a manifest digest an option gives (unset is fine), or None."""
+    if value and not HEX64.match(value):
+        return f"{option}={value!r}{fix}"
+    return None
+
+
 def source_mtimes(src: str, paths: list[str]) -> dict[str, int]:
     """Whole-second mtimes of the source's files (what a cached manifest is re-checked against)."""
     out = {}
