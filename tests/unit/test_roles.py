@@ -292,6 +292,12 @@ NOT_CONTRACT = {
     "llmfleet_topology",
     "llmfleet_nodes",
     "llmfleet_version",
+    # the run, not the inventory: playbooks/run_start.yml makes the id once per run from what each playbook tells it
+    "llmfleet_run_id",
+    "llmfleet_run_started",
+    "llmfleet_run_playbook",
+    "llmfleet_run_steps",
+    "llmfleet_run_continue",
     # prefixes of the metrics files the roles write (llmfleet_stage_<model>.prom, ...; docs/metrics.md)
     "llmfleet_acceptance_",
     "llmfleet_bench_",
