@@ -143,6 +143,7 @@ def test_a_run_failing_at_each_step_after_a_passing_run_is_never_pass(tmp_path, 
     # nothing of the passing run is shown as this run's
     for sid in after:
         assert steps(m)[sid]["summary"] == "not run in this run"
+    assert m["has_own_records"]  # the earlier run's records are there: the CLI says no "no record of demo"
     if role == "engine" and record is None:
         assert "--enable-metricz" in m["verdict"] and m["failure"]["node"] == "node2"
         assert "first correct answer" not in "\n".join(lines)  # the earlier run's gate is not shown

@@ -393,6 +393,8 @@ def collect(
     bench = load_record(d, f"bench-{deployment}/results.json", ("finished", "started"))
     stage, stage_why = _stage_record(d, engine, endpoint)
     run = newest_run(d, deployment, [fleet, pre, topo, nccl, endpoint, engine, accept, bench, stage])
+    # records of this deployment in the directory, of whichever run (the CLI's note when there are none)
+    has_own_records = any(r is not None for r in (endpoint, engine, accept, bench))
     missing = {
         "inventory": f"no fleet-summary.json, preflight.json or {deployment} record in {d}",
         "preflight": f"no preflight.json in {d}",
@@ -470,7 +472,7 @@ def collect(
         "sections": sections,
         "steps": [_step(by_id, sid, name) for sid, name in STEPS],
         "other_deployments": [n for n in _deployments(d) if n != deployment],
-        "has_own_records": any(r is not None for r in (endpoint, engine, accept, bench)),
+        "has_own_records": has_own_records,
         "run": run.model() if run else None,
     }
     model.update(_verdict(by_id, run))
