@@ -14,7 +14,9 @@ description:
   - Checks that I(python) is a Python 3.8 or newer; gives I(metrics_dir) to I(metrics_group) with mode 01775; and
     installs the llmfleet package from I(src) into I(lib_dir). Its directories, the C(llmfleet) command and
     C(runtime.env) are written by M(llmfleet_files) (the base role runs both).
-  - The package is packed on the ops host into a deterministic archive (sorted names, fixed times, root owners).
+  - The package is packed on the ops host into a deterministic archive (sorted names, fixed times, root owners),
+    without the ops host's tools (its C(accept), C(oncall) and C(report) subpackages) - on a node,
+    C(llmfleet status) and the other on-call, report and acceptance commands say they run on the ops host.
     Its sha256 is compared with the one recorded beside the package on the node; only when they differ is the
     archive sent, extracted beside the old package, compiled with I(python) (with the path it will have) and
     swapped in (no file of a removed module stays behind, and a package that does not compile is never swapped
