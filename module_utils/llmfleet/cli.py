@@ -65,6 +65,15 @@ def _usage_error(cmd: str, msg: str) -> int:
     return 2
 
 
+def _input_problem(directory: str, what_dir: str, manifest: str | None = None, manifest_hint: str = "") -> str | None:
+    """What is wrong with a command's input directory and optional --manifest file, or None."""
+    if not os.path.isdir(directory):
+        return f"{directory}: not a directory ({what_dir})"
+    if manifest and not os.path.isfile(manifest):
+        return f"--manifest {manifest}: no such file{manifest_hint}"
+    return None
+
+
 def _output_problem(path: str) -> str | None:
     """Why PATH cannot receive a file written atomically (tmp + rename beside it), or None."""
     parent = os.path.dirname(os.path.abspath(path))
@@ -97,10 +106,9 @@ def _cmd_node_info(args: argparse.Namespace) -> int:
 def _cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     from .stage.checkpoint import verify
 
-    if not os.path.isdir(args.dir):
-        return _usage_error("checkpoint verify", f"{args.dir}: not a directory (give the one holding config.json)")
-    if args.manifest and not os.path.isfile(args.manifest):
-        return _usage_error("checkpoint verify", f"--manifest {args.manifest}: no such file")
+    problem = _input_problem(args.dir, "give the one holding config.json", args.manifest)
+    if problem:
+        return _usage_error("checkpoint verify", problem)
     try:
         report = verify(args.dir, args.manifest, deep=not args.no_hash, threads=args.threads)
     except OSError as e:
@@ -125,9 +133,9 @@ def _cmd_checkpoint_manifest(args: argparse.Namespace) -> int:
     from .stage.errors import StageError
     from .stage.manifest import build_manifest
 
-    if not os.path.isdir(args.dir):
-        return _usage_error("checkpoint manifest", f"{args.dir}: not a directory (give the one holding config.json)")
-    problem = args.output and _output_problem(args.output)
+    problem = _input_problem(args.dir, "give the one holding config.json") or (
+        args.output and _output_problem(args.output)
+    )
     if problem:  # before reading the revision, not after an hour of hashing
         return _usage_error("checkpoint manifest", problem)
     try:
@@ -160,10 +168,11 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     from .stage.store import model_dir
     from .stage.transfer import LocalSource
 
-    if not os.path.isdir(args.source):
-        return _usage_error("stage", f"{args.source}: not a directory (is the shared storage mounted?)")
-    if args.manifest and not os.path.isfile(args.manifest):
-        return _usage_error("stage", f"--manifest {args.manifest}: no such file (leave it out to build the manifest)")
+    problem = _input_problem(
+        args.source, "is the shared storage mounted?", args.manifest, " (leave it out to build the manifest)"
+    )
+    if problem:
+        return _usage_error("stage", problem)
     try:
         model_dir(args.root, args.model)
     except StageError as e:
