@@ -82,3 +82,15 @@ def test_a_damaged_claim_is_named_and_a_planted_link_is_not_read(tmp_path):
     os.unlink(args["fabric_env"])
     os.symlink("/etc/hostname", args["fabric_env"])
     assert "fabric.env" in fail(mod, args)["msg"]  # never read through a link
+
+
+def test_it_says_whether_the_engine_account_exists_yet(tmp_path):
+    """A --check run of site.yml on a fresh node: the base role has not made the account yet, and the engine role
+    says what it would install instead of failing on it."""
+    import getpass
+
+    args = node(tmp_path)
+    assert run(mod, {**args, "engine_user": getpass.getuser()})["engine_user_exists"] is True
+    r = run(mod, {**args, "engine_user": "llmfleet-no-such-account"})
+    assert r["engine_user_exists"] is False and not undocumented(mod, r)
+    assert "engine_user_exists" not in run(mod, args)
