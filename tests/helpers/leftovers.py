@@ -18,7 +18,8 @@ PATTERNS = (
     ("an Ansible async task's wrapper", re.compile(r"async_wrapper")),
     ("the engine simulator", re.compile(r"(^|[ /])engine_sim\.py\b")),
     ("an llmfleet command (a wrapper, a job)", re.compile(r"(^|[ /])python3? -m llmfleet\b|/bin/llmfleet ")),
-    ("a lab node", re.compile(r"tests/lab/node-init\.sh|llmfleet-lab")),
+    ("a wrapper test's engine double", re.compile(r"print\('engine pid'")),
+    ("a lab node", re.compile(r"tests/lab/node-init\.sh")),
     ("a detached llmfleet job", re.compile(r"^llmfleet-(stage|gate|nccl|job)")),
 )
 

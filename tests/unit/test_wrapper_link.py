@@ -74,6 +74,13 @@ class Node:
         if self.p.poll() is None:
             self.p.kill()
             self.p.wait(timeout=WAIT)
+        # Its engine too, as systemd would with the unit's cgroup: a SIGKILLed wrapper leaves it running.
+        for line in self.output().splitlines():
+            if line.startswith("engine pid "):
+                try:
+                    os.kill(int(line.split()[-1]), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 @pytest.fixture
