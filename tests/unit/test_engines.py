@@ -218,3 +218,18 @@ def test_every_flag_a_profile_writes_is_in_the_engines_own_help(engine):
     flags |= {v.split()[0] for v in p.fit_flags.values()}
     unknown = sorted(f for f in flags if not helpflags.flag_known(f, options, engine, allow_abbrev=False))
     assert not unknown, f"{HELP[engine]}: {unknown}"
+
+
+def test_the_log_observer_reads_the_phrases_it_read_before_they_moved_into_the_profiles():
+    from llmfleet.engine import logobserver
+
+    before = (  # engine/logobserver.py's PHASE_PATTERNS until the phrases moved into the profiles
+        ("dist_init", r"Init torch distributed begin|distributed_init_method="),
+        ("dist_ready", r"Init torch distributed ends|rank \d+ in world size \d+ is assigned as"),
+        ("loading", r"Load weight begin|Starting to load model"),
+        ("loaded", r"Load weight end|Loading weights took|Model loading took"),
+        ("warmup", r"Capture cuda graph begin|Capturing CUDA graphs"),
+        ("warm", r"Capture cuda graph end|Graph capturing finished"),
+        ("serving", r"The server is fired up and ready to roll!|Application startup complete"),
+    )
+    assert tuple((name, rx.pattern) for name, rx in logobserver.PHASE_PATTERNS) == before

@@ -9,22 +9,22 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .. import engines
+
 LINE_KEEP = 500  # characters of a line kept in phases / failed_rank
 
-# Real SGLang | vLLM log phrases, in the order an engine reaches them. A phase may be skipped (vLLM's CPU build
-# prints no `Model loading took` / CUDA graph lines; `--enforce-eager` captures no graphs): the phase only
-# moves forward, to whichever later phase a line names.
-PHASE_PATTERNS = (
-    ("dist_init", re.compile(r"Init torch distributed begin|distributed_init_method=")),
-    ("dist_ready", re.compile(r"Init torch distributed ends|rank \d+ in world size \d+ is assigned as")),
-    ("loading", re.compile(r"Load weight begin|Starting to load model")),
-    # vLLM's loader logs `Loading weights took` (CPU and GPU builds), the GPU model runner then `Model loading took`.
-    ("loaded", re.compile(r"Load weight end|Loading weights took|Model loading took")),
-    ("warmup", re.compile(r"Capture cuda graph begin|Capturing CUDA graphs")),
-    ("warm", re.compile(r"Capture cuda graph end|Graph capturing finished")),
-    ("serving", re.compile(r"The server is fired up and ready to roll!|Application startup complete")),
-)
-PHASES = tuple(name for name, _ in PHASE_PATTERNS)
+# The phases an engine passes through, in order; each engine's phrase for each is its profile's (llmfleet.engines:
+# phases, serving_re). A phase may be skipped (vLLM's CPU build prints no `Model loading took` / CUDA graph lines;
+# `--enforce-eager` captures no graphs): the phase only moves forward, to whichever later phase a line names.
+PHASES = ("dist_init", "dist_ready", "loading", "loaded", "warmup", "warm", "serving")
+
+
+def _phrases(phase: str) -> str:
+    said = ({**p.phases, "serving": p.serving_re} for p in (engines.get(e) for e in engines.engines()))
+    return "|".join(d[phase] for d in said if d.get(phase))
+
+
+PHASE_PATTERNS = tuple((name, re.compile(_phrases(name))) for name in PHASES)
 PROGRESS_PATTERN = re.compile(r"Loading safetensors checkpoint shards:\s*\d+%")
 # Words of an error line, for lines that carry no log level (SGLang's format has none; tracebacks, signals).
 ERROR_PATTERN = re.compile(r"Traceback|Error|Exception|exited unexpectedly|died|SIGSEGV|Segmentation fault|fatal|FATAL")

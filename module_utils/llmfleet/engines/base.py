@@ -43,6 +43,9 @@ class Profile:
     # The head's last start-up line (the API serves); a worker node's, per mode ("graphs" / "eager"), and
     # whether a worker logs it once per local rank (else once per node).
     serving_re: str = ""
+    # The start-up phases the engine logs on the way (llmfleet.engine.logobserver's names: dist_init, dist_ready,
+    # loading, loaded, warmup, warm; serving is serving_re): one pattern each.
+    phases: Mapping[str, str] = field(default_factory=dict)
     node_up_re: Mapping[str, str] = field(default_factory=dict)
     node_up_per_rank: bool = False
     no_graph_flag: str = ""  # the flag that turns CUDA graphs off (a worker then waits for the eager line)

@@ -80,6 +80,14 @@ PROFILE = Profile(
     # in the field).
     loader_threads=8,
     serving_re=r"The server is fired up and ready to roll!",
+    phases={
+        "dist_init": r"Init torch distributed begin",
+        "dist_ready": r"Init torch distributed ends",
+        "loading": r"Load weight begin",
+        "loaded": r"Load weight end",
+        "warmup": r"Capture cuda graph begin",
+        "warm": r"Capture cuda graph end",
+    },
     # A node without the API: every rank's scheduler logs its own last start-up line (count: local ranks).
     node_up_re={"graphs": r"Capture cuda graph end", "eager": r"Load weight end"},
     node_up_per_rank=True,

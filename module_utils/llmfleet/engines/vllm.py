@@ -143,6 +143,16 @@ PROFILE = Profile(
     # The head (the API server): once per API server process. vLLM 0.32's uvicorn line (stderr, untagged) comes
     # after `Starting vLLM server on` and exactly once on a one-API-server head (tests/fixtures/engines/*.log).
     serving_re=r"Application startup complete",
+    # The loader logs `Loading weights took` (CPU and GPU builds), the GPU model runner then `Model loading took`;
+    # the CPU build prints no `Model loading took` or CUDA graph lines, --enforce-eager captures no graphs.
+    phases={
+        "dist_init": r"distributed_init_method=",
+        "dist_ready": r"rank \d+ in world size \d+ is assigned as",
+        "loading": r"Starting to load model",
+        "loaded": r"Loading weights took|Model loading took",
+        "warmup": r"Capturing CUDA graphs",
+        "warm": r"Graph capturing finished",
+    },
     # A node without the API (--headless): count 1. The GPU model runner logs `Graph capturing finished` and
     # `Model loading took` with logger.info_once, whose default scope is the node's local rank 0 (vllm/logger.py,
     # v1/worker/gpu_model_runner.py in 0.32 and 0.33): once per node, so counting one per local rank never
