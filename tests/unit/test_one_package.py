@@ -95,7 +95,10 @@ def test_the_package_import_graph_has_no_cycles():
     preflight, gate, wrapper, cli)."""
     order = list(graphlib.TopologicalSorter(GRAPH).static_order())  # raises CycleError on a loop
     assert set(order) == set(GRAPH)
-    assert GRAPH["checks.nccl_verdict"] == GRAPH["net"] == GRAPH["engine.logobserver"] == set()
+    assert GRAPH["checks.nccl_verdict"] == GRAPH["net"] == set()
+    # The log reader asks only the engine profiles (engines/ imports nothing above it) for their phrases.
+    assert all(m.split(".")[0] == "engines" for m in GRAPH["engine.logobserver"])
+    assert all(m.split(".")[0] == "engines" for e in GRAPH if e.startswith("engines") for m in GRAPH[e])
     gate = GRAPH["engine.gate"]  # the gate reads phases, runs no engine
     assert "engine.logobserver" in gate and not any(m.startswith("wrapper") for m in gate)
     # The rank program needs nothing else of the package; its launcher drops root through engine_env (stdlib only).
