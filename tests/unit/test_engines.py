@@ -233,3 +233,18 @@ def test_the_log_observer_reads_the_phrases_it_read_before_they_moved_into_the_p
         ("serving", r"The server is fired up and ready to roll!|Application startup complete"),
     )
     assert tuple((name, rx.pattern) for name, rx in logobserver.PHASE_PATTERNS) == before
+
+
+def test_the_start_up_scan_keeps_its_rules_and_their_order():
+    from llmfleet.engine import startscan
+
+    before = [  # engine/startscan.py's RULES until each engine's rules moved into its profile
+        "vllm-moe-default-config", "sglang-moe-default-config", "sglang-moe-other-triton-config",
+        "block-fp8-default-config", "vllm-mamba-default-config", "vllm-attention-backend-block-size",
+        "vllm-flash-attention-fallback", "vllm-fp8-marlin-fallback", "vllm-custom-allreduce-disabled",
+        "transformers-backend-fallback", "sglang-deepgemm-jit-precompile", "sglang-cuda-graph-disabled",
+        "vllm-eager-mode", "vllm-cudagraph-memory-unprofiled", "libcuda-unversioned-missing",
+    ]  # fmt: skip
+    assert [r.id for r in startscan.RULES] == before
+    for e in engines.engines():
+        assert {r.engine for r in engines.get(e).start_rules} == {e}

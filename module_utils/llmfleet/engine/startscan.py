@@ -12,71 +12,19 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import engines
+from ..engines.base import StartRule
 
-# Rules are grouped by topic (MoE configs, kernels, graphs, libraries) across engines, each tagged with its engine.
-_VLLM, _SGLANG, ANY = engines.VLLM.engine, engines.SGLANG.engine, "any"
-
-
-class Rule(NamedTuple):
-    id: str
-    engine: str  # the engine whose line it is (a profile's engine), or ANY
-    pattern: re.Pattern[str]
-    what: str
-    cost: str
-    fix: str
-    severity: str = "warning"
+# A rule is the engine's own words for a slow path it took (a StartRule; `place` orders the report by topic across
+# engines: MoE configs, GEMM and attention kernels, graphs, libraries); ANY: a line either engine prints.
+Rule = StartRule
+ANY = "any"
 
 
-_MOE_COST = (
-    "the fused-MoE kernel runs with a generic tile config instead of one tuned for this GPU and shape; measured "
-    "elsewhere: from no end-to-end change (vLLM PR 52192, +3.5 % kernel geomean) to 1.37-1.74x kernel time and "
-    "+23 % end-to-end prefill throughput (SGLang #32806, H200) and up to 1.93x kernel time (vLLM PR 54500, "
-    "H20 FP8); this tool does not measure it on your GPU"
-)
-
-RULES = (
-    # vllm/model_executor/layers/fused_moe/fused_moe.py get_moe_configs (0.32.0): logger.warning_once(
-    #   "Using default MoE config. Performance might be sub-optimal! Config file not found at %s", paths)
-    Rule(
-        "vllm-moe-default-config",
-        _VLLM,
-        re.compile(r"Using default MoE config\. Performance might be sub-optimal! Config file not found at (.+)$"),
-        "no tuned fused-MoE config for this GPU, expert shape and dtype",
-        _MOE_COST,
-        "tune it on one of these GPUs with vLLM's benchmarks/kernels/benchmark_moe.py --model <checkpoint> "
-        "--tp-size <TP> --dtype fp8_w8a8 (or auto) --tune, put the JSON (the file name in the line) in a directory "
-        "and set VLLM_TUNED_CONFIG_FOLDER to it in engine_env",
-    ),
-    # sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py get_moe_configs (0.5.23):
-    #   "Using default MoE kernel config. Performance might be sub-optimal! Config file not found at %s, you can
-    #   create them with https://github.com/sgl-project/sglang/tree/main/benchmark/kernels/fused_moe_triton"
-    Rule(
-        "sglang-moe-default-config",
-        _SGLANG,
-        re.compile(
-            r"Using default MoE kernel config\. Performance might be sub-optimal! Config file not found at (.+?), you "
-            r"can create them"
-        ),
-        "no tuned fused-MoE config for this GPU, expert shape, dtype and Triton version",
-        _MOE_COST,
-        "tune it on one of these GPUs with SGLang's benchmark/kernels/fused_moe_triton/tuning_fused_moe_triton.py "
-        "--model <checkpoint> --tp-size <TP> --dtype fp8_w8a8 --tune, and point SGLANG_MOE_CONFIG_DIR at a directory "
-        "holding configs/triton_<version>/<that file> (engine_env)",
-    ),
-    # same file (0.5.23): "Config file not found at %s. Fallback to triton version %s and use MoE kernel config from
-    #   %s. Performance might be sub-optimal!"
-    Rule(
-        "sglang-moe-other-triton-config",
-        _SGLANG,
-        re.compile(r"Config file not found at (.+?)\. Fallback to triton version (\S+) and use MoE kernel config"),
-        "the fused-MoE config was tuned under another Triton version",
-        "SGLang keys configs by Triton version because a Triton 3.1.0 config under 3.2.0 gave negative gains (its "
-        "comment in fused_moe_triton_config.py); this tool does not measure the loss here",
-        "re-tune under the Triton version the engine runs (tuning_fused_moe_triton.py, as for a missing config)",
-    ),
+# The rules every engine's log can trip (the others are each engine's profile's: start_rules), in report order.
+_ANY_RULES = (
     # vllm/model_executor/layers/quantization/utils/fp8_utils.py (0.32.0) and sglang/kernels/ops/gemm/fp8_kernel.py
     # (0.5.23), same text: "Using default W8A8 Block FP8 kernel config. Performance might be sub-optimal! Config
     # file not found at %s" (SGLang's file names hold a space: block_shape=[128, 128])
@@ -91,69 +39,7 @@ RULES = (
         "the dense FP8 GEMMs run with a generic tile config; slower, by an amount this tool does not measure",
         "vLLM: benchmarks/kernels/benchmark_w8a8_block_fp8.py on this GPU; SGLang: "
         "benchmark/kernels/quantization/tuning_block_wise_kernel.py; put the JSON where the line says it looked",
-    ),
-    # vllm/model_executor/layers/mamba/ops/mamba_ssm.py get_ssm_configs (0.32.0): "Using default Mamba SSU config.
-    #   Performance might be sub-optimal! Config file not found at %s"
-    Rule(
-        "vllm-mamba-default-config",
-        _VLLM,
-        re.compile(
-            r"Using default Mamba SSU config\. Performance might be sub-optimal! Config file not found at (.+)$"
-        ),
-        "no tuned selective-state-update config (linear-attention / Mamba layers) for this GPU",
-        "the state-update kernel runs with a heuristic launch config; slower, by an amount this tool does not measure",
-        "benchmarks/kernels/benchmark_selective_state_update.py --save-configs (vLLM's own hint in mamba_ssm.py), "
-        "then VLLM_TUNED_CONFIG_FOLDER",
-    ),
-    # vllm/platforms/cuda.py get_attn_backend_cls (0.32.0): "--block-size %d precluded higher-priority backend(s)
-    #   %s. Using %s instead, which may result in reduced performance. ..."
-    Rule(
-        "vllm-attention-backend-block-size",
-        _VLLM,
-        re.compile(r"--block-size \d+ precluded higher-priority backend\(s\) (.+?)\. Using (\S+) instead"),
-        "--block-size ruled out the preferred attention backend; a lower-priority one runs",
-        "vLLM's own words: 'may result in reduced performance'; this tool does not measure how much",
-        "drop --block-size from engine_extra_args so vLLM picks the block size its best backend needs",
-    ),
-    # vllm/v1/attention/backends/fa_utils.py get_flash_attn_version (0.32.0): "Cannot use FA version 3 ...,
-    #   defaulting to FA version 2." / "FA4's Blackwell head_size=256 kernel does not support %s, defaulting to FA
-    #   version 2."
-    Rule(
-        "vllm-flash-attention-fallback",
-        _VLLM,
-        re.compile(r"(?:Cannot use FA version \d.*?|kernel does not support .*?), defaulting to FA version"),
-        "FlashAttention fell back to an older kernel generation (FA3/FA4 not usable for this model or setting)",
-        "an older attention kernel for this GPU generation; slower, by an amount this tool does not measure",
-        "the line names the reason (ALiBi, batch invariance, a head size, Blackwell): change that setting if the "
-        "model allows it, else accept the fallback",
-    ),
-    # vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py (0.32.0): "Your GPU does not have native
-    #   support for FP8 computation but FP8 quantization is being used. Weight-only FP8 compression will be used
-    #   leveraging the Marlin kernel. This may degrade performance for compute-heavy workloads."
-    Rule(
-        "vllm-fp8-marlin-fallback",
-        _VLLM,
-        re.compile(r"Your GPU does not have native support for FP8 computation"),
-        "the GPU has no FP8 tensor cores: FP8 weights are dequantized in a weight-only Marlin kernel",
-        "vLLM's own words: 'may degrade performance for compute-heavy workloads'; this tool does not measure how much",
-        "FP8 compute needs compute capability 8.9 or newer (Ada, Hopper: H20/H100/H200); on older GPUs serve a BF16 "
-        "or INT4/INT8 checkpoint",
-    ),
-    # vllm/distributed/device_communicators/custom_all_reduce.py (0.32.0): "Custom allreduce is disabled because
-    #   it's not supported on more than two PCIe-only GPUs." / "because your platform lacks GPU P2P capability or
-    #   P2P test failed." / "due to an unsupported world size: %d." (the "missing custom allreduce library" line
-    #   is the CPU build and is not matched)
-    Rule(
-        "vllm-custom-allreduce-disabled",
-        _VLLM,
-        re.compile(
-            r"Custom allreduce is disabled (?:because it's not supported on more than two PCIe|because your "
-            r"platform lacks GPU P2P|due to an unsupported world size)"
-        ),
-        "vLLM's custom all-reduce is off: every TP all-reduce goes through NCCL",
-        "small (decode-size) all-reduces are slower through NCCL, by an amount this tool does not measure",
-        "P2P: check `nvidia-smi topo -p2p r` and that fabricmanager runs (NVSwitch systems); world size: expected "
-        "for TP sizes vLLM's kernel does not support, nothing to fix",
+        place=4,
     ),
     # vllm/model_executor/model_loader/utils.py (0.32.0) and sglang/srt/model_loader/utils.py (0.5.23): "%s has no
     #   vLLM|SGLang implementation, falling back to Transformers implementation. Some features may not be supported
@@ -166,49 +52,7 @@ RULES = (
         "no fused MoE/attention kernels of the engine; the engines say 'performance may not be optimal' and some "
         "features may be missing; this tool does not measure how much",
         "an engine version that lists the architecture (llmfleet.engine.archcheck says which captured versions do)",
-    ),
-    # sglang/srt/layers/deep_gemm_wrapper/compile_utils.py (0.5.23): "Entering DeepGEMM JIT Pre-Compile session. It
-    #   may take a long time (typically 10-20 mins) if you have not run `sglang.compile_deep_gemm`. ..."
-    Rule(
-        "sglang-deepgemm-jit-precompile",
-        _SGLANG,
-        re.compile(r"Entering DeepGEMM JIT Pre-Compile session"),
-        "DeepGEMM kernels are compiled at start-up (no warm cache for this shape)",
-        "start-up time: 'typically 10-20 mins' by SGLang's own message, on every node whose cache is cold",
-        "engine_deepgemm_precompile: true (the unit runs `python3 -m sglang.compile_deep_gemm` with the server's "
-        "arguments once per cache fingerprint, before the engine); the engine role keeps DeepGEMM's cache under "
-        "engine_cache_root, keyed by fingerprint",
-    ),
-    # sglang/srt/arg_groups/attention_hook.py (0.5.23): "Cuda graph is disabled because of using torch native
-    #   attention backend" / "... torch Flex Attention backend"
-    Rule(
-        "sglang-cuda-graph-disabled",
-        _SGLANG,
-        re.compile(r"Cuda graph is disabled because of using torch (?:native|Flex) (?:A|a)ttention backend"),
-        "CUDA graphs are off because a torch-native attention backend was chosen",
-        "decode runs without CUDA graphs (kernel launch overhead per step); slower, by an amount this tool does not "
-        "measure",
-        "choose a GPU attention backend (--attention-backend fa3, flashinfer or triton) unless debugging",
-    ),
-    # vllm/config/vllm.py (0.32.0): logger.info_once("Cudagraph is disabled under eager mode")
-    Rule(
-        "vllm-eager-mode",
-        _VLLM,
-        re.compile(r"Cudagraph is disabled under eager mode"),
-        "--enforce-eager: CUDA graphs are off",
-        "decode runs without CUDA graphs (kernel launch overhead per step); slower, by an amount this tool does not "
-        "measure",
-        "drop --enforce-eager from engine_extra_args unless debugging",
-    ),
-    # vllm/v1/worker/gpu_worker.py (0.32.0): "CUDA graph memory profiling is disabled
-    #   (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0). Without it, CUDA graph memory is not accounted for ..."
-    Rule(
-        "vllm-cudagraph-memory-unprofiled",
-        _VLLM,
-        re.compile(r"CUDA graph memory profiling is disabled \(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0\)"),
-        "the KV cache was sized without counting CUDA-graph memory",
-        "not speed: an out-of-memory risk once graphs are captured (vLLM's own warning)",
-        "unset VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, or lower --gpu-memory-utilization as the line suggests",
+        place=10,
     ),
     # triton/backends/nvidia/driver.py libcuda_dirs: "libcuda.so cannot found!"; the linker, when Triton builds its
     #   launcher with -lcuda and no libcuda.so is in the search path: "cannot find -lcuda"
@@ -220,7 +64,11 @@ RULES = (
         "not speed: the first Triton kernel compile fails (often at CUDA graph capture) and the engine dies",
         "create the unversioned symlink beside libcuda.so.1 (ln -s libcuda.so.1 <dir>/libcuda.so; ldconfig) or set "
         "TRITON_LIBCUDA_PATH; `llmfleet` preflight: startscan.libcuda_problem",
+        place=15,
     ),
+)
+RULES = tuple(
+    sorted((*_ANY_RULES, *(r for e in engines.engines() for r in engines.get(e).start_rules)), key=lambda r: r.place)
 )
 
 

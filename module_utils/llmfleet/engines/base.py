@@ -5,7 +5,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class StartRule(NamedTuple):
+    """A slow path an engine reports in its start-up log (llmfleet.engine.startscan): the engine's own format string
+    as a pattern, what it means, what it costs and the fix; `place` orders a report by topic across engines."""
+
+    id: str
+    engine: str  # the engine whose line it is, or "any"
+    pattern: Any  # re.Pattern
+    what: str
+    cost: str
+    fix: str
+    severity: str = "warning"
+    place: int = 0
+
+
+MOE_COST = (
+    "the fused-MoE kernel runs with a generic tile config instead of one tuned for this GPU and shape; measured "
+    "elsewhere: from no end-to-end change (vLLM PR 52192, +3.5 % kernel geomean) to 1.37-1.74x kernel time and "
+    "+23 % end-to-end prefill throughput (SGLang #32806, H200) and up to 1.93x kernel time (vLLM PR 54500, "
+    "H20 FP8); this tool does not measure it on your GPU"
+)
 
 
 class ProfileError(ValueError):
@@ -88,14 +110,16 @@ class Profile:
     metrics: str = ""  # what its own /metrics is (the report's scrape targets); '' = none known
     # The engine's own compile-cache root (variable -> subdirectory of the fingerprint's cache directory).
     cache_env: Mapping[str, str] = field(default_factory=dict)
-    precompile: bool = False  # engine_deepgemm_precompile applies (SGLang's DeepGEMM JIT)
+    precompile: bool = False
+    # The engine's own "fell back" lines in a start-up log (llmfleet.engine.startscan).
+    start_rules: tuple[StartRule, ...] = ()  # engine_deepgemm_precompile applies (SGLang's DeepGEMM JIT)
 
     def as_dict(self) -> dict[str, Any]:
         """The profile as plain data for Ansible (compiled patterns and functions left out)."""
         out = {}
         for k in self.__dataclass_fields__:
             v = getattr(self, k)
-            if k in ("fit_breakdown", "rank_re", "render"):
+            if k in ("fit_breakdown", "rank_re", "render", "start_rules"):
                 continue
             if isinstance(v, Router):
                 v = {f: list(getattr(v, f)) if isinstance(getattr(v, f), tuple) else getattr(v, f)

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Profile
+from .base import MOE_COST, Profile, StartRule
 
 
 def _gib_sum(*groups: str | None) -> float:
@@ -48,6 +48,66 @@ BREAKDOWN = (
     (
         re.compile(r"max_total_num_tokens=(\d+), .*?max_running_requests=(\d+), context_len=(\d+)"),
         lambda m: {"max_total_num_tokens": int(m[1]), "max_running_requests": int(m[2]), "max_model_len": int(m[3])},
+    ),
+)
+
+
+# The start-up scan's rules for this engine's lines (llmfleet.engine.startscan), each pattern the engine's own
+# format string at the version and file named beside it.
+START_RULES = (
+    # sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py get_moe_configs (0.5.23):
+    #   "Using default MoE kernel config. Performance might be sub-optimal! Config file not found at %s, you can
+    #   create them with https://github.com/sgl-project/sglang/tree/main/benchmark/kernels/fused_moe_triton"
+    StartRule(
+        "sglang-moe-default-config",
+        "sglang",
+        re.compile(
+            r"Using default MoE kernel config\. Performance might be sub-optimal! Config file not found at (.+?), you "
+            r"can create them"
+        ),
+        "no tuned fused-MoE config for this GPU, expert shape, dtype and Triton version",
+        MOE_COST,
+        "tune it on one of these GPUs with SGLang's benchmark/kernels/fused_moe_triton/tuning_fused_moe_triton.py "
+        "--model <checkpoint> --tp-size <TP> --dtype fp8_w8a8 --tune, and point SGLANG_MOE_CONFIG_DIR at a directory "
+        "holding configs/triton_<version>/<that file> (engine_env)",
+        place=2,
+    ),
+    # same file (0.5.23): "Config file not found at %s. Fallback to triton version %s and use MoE kernel config from
+    #   %s. Performance might be sub-optimal!"
+    StartRule(
+        "sglang-moe-other-triton-config",
+        "sglang",
+        re.compile(r"Config file not found at (.+?)\. Fallback to triton version (\S+) and use MoE kernel config"),
+        "the fused-MoE config was tuned under another Triton version",
+        "SGLang keys configs by Triton version because a Triton 3.1.0 config under 3.2.0 gave negative gains (its "
+        "comment in fused_moe_triton_config.py); this tool does not measure the loss here",
+        "re-tune under the Triton version the engine runs (tuning_fused_moe_triton.py, as for a missing config)",
+        place=3,
+    ),
+    # sglang/srt/layers/deep_gemm_wrapper/compile_utils.py (0.5.23): "Entering DeepGEMM JIT Pre-Compile session. It
+    #   may take a long time (typically 10-20 mins) if you have not run `sglang.compile_deep_gemm`. ..."
+    StartRule(
+        "sglang-deepgemm-jit-precompile",
+        "sglang",
+        re.compile(r"Entering DeepGEMM JIT Pre-Compile session"),
+        "DeepGEMM kernels are compiled at start-up (no warm cache for this shape)",
+        "start-up time: 'typically 10-20 mins' by SGLang's own message, on every node whose cache is cold",
+        "engine_deepgemm_precompile: true (the unit runs `python3 -m sglang.compile_deep_gemm` with the server's "
+        "arguments once per cache fingerprint, before the engine); the engine role keeps DeepGEMM's cache under "
+        "engine_cache_root, keyed by fingerprint",
+        place=11,
+    ),
+    # sglang/srt/arg_groups/attention_hook.py (0.5.23): "Cuda graph is disabled because of using torch native
+    #   attention backend" / "... torch Flex Attention backend"
+    StartRule(
+        "sglang-cuda-graph-disabled",
+        "sglang",
+        re.compile(r"Cuda graph is disabled because of using torch (?:native|Flex) (?:A|a)ttention backend"),
+        "CUDA graphs are off because a torch-native attention backend was chosen",
+        "decode runs without CUDA graphs (kernel launch overhead per step); slower, by an amount this tool does not "
+        "measure",
+        "choose a GPU attention backend (--attention-backend fa3, flashinfer or triton) unless debugging",
+        place=12,
     ),
 )
 
@@ -130,4 +190,5 @@ PROFILE = Profile(
     metrics="SGLang's own metrics: served only when the engine runs with --enable-metrics (engine_extra_args)",
     cache_env={"SGLANG_CACHE_DIR": "sglang"},
     precompile=True,
+    start_rules=START_RULES,
 )

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from .base import Profile, ProfileError, Router
+from .base import MOE_COST, Profile, ProfileError, Router, StartRule
 
 # The fit check's breakdown: real formats of vLLM 0.32.0 as installed, with the source of each.
 BREAKDOWN = (
@@ -43,6 +43,115 @@ BREAKDOWN = (
 # "Please set kv_role='kv_producer' for prefill instances and kv_role='kv_consumer' for decode instances").
 PD_KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 PD_DEFAULT_CONNECTOR = "NixlConnector"
+
+
+# The start-up scan's rules for this engine's lines (llmfleet.engine.startscan), each pattern the engine's own
+# format string at the version and file named beside it.
+START_RULES = (
+    # vllm/model_executor/layers/fused_moe/fused_moe.py get_moe_configs (0.32.0): logger.warning_once(
+    #   "Using default MoE config. Performance might be sub-optimal! Config file not found at %s", paths)
+    StartRule(
+        "vllm-moe-default-config",
+        "vllm",
+        re.compile(r"Using default MoE config\. Performance might be sub-optimal! Config file not found at (.+)$"),
+        "no tuned fused-MoE config for this GPU, expert shape and dtype",
+        MOE_COST,
+        "tune it on one of these GPUs with vLLM's benchmarks/kernels/benchmark_moe.py --model <checkpoint> "
+        "--tp-size <TP> --dtype fp8_w8a8 (or auto) --tune, put the JSON (the file name in the line) in a directory "
+        "and set VLLM_TUNED_CONFIG_FOLDER to it in engine_env",
+        place=1,
+    ),
+    # vllm/model_executor/layers/mamba/ops/mamba_ssm.py get_ssm_configs (0.32.0): "Using default Mamba SSU config.
+    #   Performance might be sub-optimal! Config file not found at %s"
+    StartRule(
+        "vllm-mamba-default-config",
+        "vllm",
+        re.compile(
+            r"Using default Mamba SSU config\. Performance might be sub-optimal! Config file not found at (.+)$"
+        ),
+        "no tuned selective-state-update config (linear-attention / Mamba layers) for this GPU",
+        "the state-update kernel runs with a heuristic launch config; slower, by an amount this tool does not measure",
+        "benchmarks/kernels/benchmark_selective_state_update.py --save-configs (vLLM's own hint in mamba_ssm.py), "
+        "then VLLM_TUNED_CONFIG_FOLDER",
+        place=5,
+    ),
+    # vllm/platforms/cuda.py get_attn_backend_cls (0.32.0): "--block-size %d precluded higher-priority backend(s)
+    #   %s. Using %s instead, which may result in reduced performance. ..."
+    StartRule(
+        "vllm-attention-backend-block-size",
+        "vllm",
+        re.compile(r"--block-size \d+ precluded higher-priority backend\(s\) (.+?)\. Using (\S+) instead"),
+        "--block-size ruled out the preferred attention backend; a lower-priority one runs",
+        "vLLM's own words: 'may result in reduced performance'; this tool does not measure how much",
+        "drop --block-size from engine_extra_args so vLLM picks the block size its best backend needs",
+        place=6,
+    ),
+    # vllm/v1/attention/backends/fa_utils.py get_flash_attn_version (0.32.0): "Cannot use FA version 3 ...,
+    #   defaulting to FA version 2." / "FA4's Blackwell head_size=256 kernel does not support %s, defaulting to FA
+    #   version 2."
+    StartRule(
+        "vllm-flash-attention-fallback",
+        "vllm",
+        re.compile(r"(?:Cannot use FA version \d.*?|kernel does not support .*?), defaulting to FA version"),
+        "FlashAttention fell back to an older kernel generation (FA3/FA4 not usable for this model or setting)",
+        "an older attention kernel for this GPU generation; slower, by an amount this tool does not measure",
+        "the line names the reason (ALiBi, batch invariance, a head size, Blackwell): change that setting if the "
+        "model allows it, else accept the fallback",
+        place=7,
+    ),
+    # vllm/model_executor/layers/quantization/utils/marlin_utils_fp8.py (0.32.0): "Your GPU does not have native
+    #   support for FP8 computation but FP8 quantization is being used. Weight-only FP8 compression will be used
+    #   leveraging the Marlin kernel. This may degrade performance for compute-heavy workloads."
+    StartRule(
+        "vllm-fp8-marlin-fallback",
+        "vllm",
+        re.compile(r"Your GPU does not have native support for FP8 computation"),
+        "the GPU has no FP8 tensor cores: FP8 weights are dequantized in a weight-only Marlin kernel",
+        "vLLM's own words: 'may degrade performance for compute-heavy workloads'; this tool does not measure how much",
+        "FP8 compute needs compute capability 8.9 or newer (Ada, Hopper: H20/H100/H200); on older GPUs serve a BF16 "
+        "or INT4/INT8 checkpoint",
+        place=8,
+    ),
+    # vllm/distributed/device_communicators/custom_all_reduce.py (0.32.0): "Custom allreduce is disabled because
+    #   it's not supported on more than two PCIe-only GPUs." / "because your platform lacks GPU P2P capability or
+    #   P2P test failed." / "due to an unsupported world size: %d." (the "missing custom allreduce library" line
+    #   is the CPU build and is not matched)
+    StartRule(
+        "vllm-custom-allreduce-disabled",
+        "vllm",
+        re.compile(
+            r"Custom allreduce is disabled (?:because it's not supported on more than two PCIe|because your "
+            r"platform lacks GPU P2P|due to an unsupported world size)"
+        ),
+        "vLLM's custom all-reduce is off: every TP all-reduce goes through NCCL",
+        "small (decode-size) all-reduces are slower through NCCL, by an amount this tool does not measure",
+        "P2P: check `nvidia-smi topo -p2p r` and that fabricmanager runs (NVSwitch systems); world size: expected "
+        "for TP sizes vLLM's kernel does not support, nothing to fix",
+        place=9,
+    ),
+    # vllm/config/vllm.py (0.32.0): logger.info_once("Cudagraph is disabled under eager mode")
+    StartRule(
+        "vllm-eager-mode",
+        "vllm",
+        re.compile(r"Cudagraph is disabled under eager mode"),
+        "--enforce-eager: CUDA graphs are off",
+        "decode runs without CUDA graphs (kernel launch overhead per step); slower, by an amount this tool does not "
+        "measure",
+        "drop --enforce-eager from engine_extra_args unless debugging",
+        place=13,
+    ),
+    # vllm/v1/worker/gpu_worker.py (0.32.0): "CUDA graph memory profiling is disabled
+    #   (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0). Without it, CUDA graph memory is not accounted for ..."
+    StartRule(
+        "vllm-cudagraph-memory-unprofiled",
+        "vllm",
+        re.compile(r"CUDA graph memory profiling is disabled \(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0\)"),
+        "the KV cache was sized without counting CUDA-graph memory",
+        "not speed: an out-of-memory risk once graphs are captured (vLLM's own warning)",
+        "unset VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, or lower --gpu-memory-utilization as the line suggests",
+        place=14,
+    ),
+)
 
 
 def render(spec: Mapping[str, Any], parts: Mapping[str, Any]) -> list[str]:
@@ -192,6 +301,7 @@ PROFILE = Profile(
     listens_everywhere=True,
     metrics="vLLM's own metrics (served by default)",
     cache_env={"VLLM_CACHE_ROOT": "vllm"},
+    start_rules=START_RULES,
 )
 
 # Capturing vLLM's model registry (engine/data/registries/; docs/engine-fit.md): run in the engine's venv.
