@@ -92,3 +92,20 @@ def test_the_node_side_compiles_and_imports_under_python_3_8(tmp_path):
     cp = subprocess.run([str(PY38), "-S", "-c", code, *names], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert cp.returncode == 0, cp.stderr[-3000:]
+
+
+@pytest.mark.skipif(not PY38.exists(), reason="no Python 3.8 on this machine")
+def test_the_staging_lease_collects_its_records_under_python_3_8(tmp_path):
+    """The lease's garbage collection ran itertools.pairwise (3.10): on a 3.8 node, every release failed."""
+    code = (
+        "import os, sys\nfrom llmfleet.stage import lease\n"
+        "lz = lease.Lease(sys.argv[1], cap=1, ttl=5, host='node1', gc_after=0)\n"
+        "for _ in range(3):\n    lz.acquire(timeout=5, poll=0.01)\n    lz.release()\n"
+        "print(len([n for n in os.listdir(sys.argv[1]) if n.startswith('slot-')]))\n"
+    )
+    leases = tmp_path / "leases"
+    leases.mkdir()
+    cp = subprocess.run([str(PY38), "-S", "-c", code, str(leases)], env={"PYTHONPATH": str(ROOT / "module_utils")},
+                        capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert cp.stdout.strip() == "1"  # only the newest record is left
