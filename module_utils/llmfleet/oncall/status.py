@@ -24,6 +24,7 @@ from .common import (
     fan_out,
     fleet_of,
     guarded,
+    has_router,
     iso,
     serves_api,
     short,
@@ -144,7 +145,7 @@ def assess(fleet: Fleet, results: list[NodeResult]) -> tuple[list[dict], list[st
         for spec in unit_specs(fleet, n):
             res = r.data["units"].get(spec["unit"]) or {}
             router_absent = ((res.get("show") or {}).get("LoadState") != "loaded") and spec["role"] == "router"
-            if router_absent and n.profile != "vllm_pd":
+            if router_absent and not has_router(n):
                 continue  # no router: nothing to say
             v, p = unit_view(n, spec, res)
             doc["units"].append(v)
