@@ -38,9 +38,8 @@ def check_the_metrics(lab):
     assert {"llmfleet_stage_demo-model.prom", "llmfleet_nccl_check.prom", "llmfleet_engine_ready_demo.prom",
             "llmfleet_acceptance_demo.prom"} <= set(files), files  # fmt: skip
     names = {s.name for fam in text_string_to_metric_families(out.stdout) for s in fam.samples}
-    assert {"llmfleet_stage_ok", "llmfleet_engine_gate_ok", "llmfleet_engine_ready_timestamp_seconds"} <= names, sorted(
-        names
-    )
+    assert {"llmfleet_stage_ok", "llmfleet_engine_gate_ok", "llmfleet_engine_ready_timestamp_seconds",
+            "llmfleet_stage_timestamp_seconds", "llmfleet_collective_timestamp_seconds"} <= names, sorted(names)  # fmt: skip
 
 
 def test_site_installs_runtime_and_reports(lab, tmp_path):
@@ -70,6 +69,11 @@ def test_site_installs_runtime_and_reports(lab, tmp_path):
     assert "ACCEPTED" in (tmp_path / "acceptance-demo.md").read_text()
     check_the_deployment_report(tmp_path)
     check_the_metrics(lab)
+    # the report role's Prometheus file_sd targets: the published endpoint, and node_exporter on every node
+    sd = tmp_path / "file_sd"
+    assert [g["targets"] for g in json.loads((sd / "demo-engine.json").read_text())] == [["10.77.0.11:30000"]]
+    node_sd = json.loads((sd / "demo-node.json").read_text())
+    assert [g["labels"]["node"] for g in node_sd] == [f"node{i}" for i in range(1, LAB_NODES + 1)], node_sd
     # Now it serves: preflight (which binds and probes its ports) refuses, naming the way out.
     cp = run_ansible(
         "ansible-playbook", "playbooks/preflight.yml", "-e", f"llmfleet_report_dir={tmp_path}", check=False
