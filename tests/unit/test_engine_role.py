@@ -77,7 +77,7 @@ def staged(tmp_path, node="node", rev=REV_A):
     return mdir
 
 
-def play(tmp_path, playbook=PLAY, **extra):
+def play(tmp_path, playbook=PLAY, ansible_args=(), **extra):
     extra.setdefault("engine_model_path", str(staged(tmp_path) / "current"))
     (tmp_path / "play.yml").write_text(playbook)
     # localhost as the fleet's one node and head: the fleet contract (a dependency of the role) checks that.
@@ -91,7 +91,7 @@ def play(tmp_path, playbook=PLAY, **extra):
                   "ansible_python_interpreter": sys.executable, **extra}  # fmt: skip
     cp = subprocess.run(
         [f"{bindir}/ansible-playbook", "-i", str(tmp_path / "inventory.yml"), "-c", "local", str(tmp_path / "play.yml"),
-         "-e", json.dumps(extra_vars)],
+         "-e", json.dumps(extra_vars), *ansible_args],
         capture_output=True, text=True, check=False, timeout=180, cwd=ROOT, env=env,
     )  # fmt: skip
     out = cp.stdout + cp.stderr
@@ -618,6 +618,24 @@ def test_the_unit_loads_the_contracts_revision_with_no_model_path_given(tmp_path
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     assert f"{mdir}/{REV_A}" in exec_start and REV_B not in exec_start, exec_start
     assert "DEPRECATED" not in out
+
+
+def test_check_mode_does_not_pretend_a_revision_no_play_of_the_run_stages(tmp_path):
+    """engine.yml --check alone on a node without the revision: no model_stage play predicted it, so the check
+    fails as the real run would, naming the directory and the nodes."""
+    root = tmp_path / "empty-nvme"
+    rc, out, _ = play(tmp_path, ansible_args=["--check"], engine_model_path="", llmfleet_model="m",
+                      llmfleet_model_revision=REV_A, llmfleet_model_root=str(root))  # fmt: skip
+    assert rc != 0
+    assert f"the model directory {root}/m/{REV_A} does not exist on localhost: stage the model there first" in out, out[
+        -3000:
+    ]
+    # ... and where the model_stage play of the same --check run predicted it (its fact), the plan goes on with it
+    rc, out, _ = play(tmp_path, ansible_args=["--check"], engine_model_path="", llmfleet_model="m",
+                      llmfleet_model_revision=REV_A, llmfleet_model_root=str(root),
+                      model_stage_check_publishes=f"{root}/m/{REV_A}")  # fmt: skip
+    assert rc == 0, out[-3000:]
+    assert f"check mode: localhost do not hold {root}/m/{REV_A} yet" in out, out[-3000:]
 
 
 def test_no_model_at_all_is_named_before_anything_runs(tmp_path):
