@@ -293,11 +293,12 @@ def test_staging_modules_are_layered():
     store < transfer < staging): the store never copies, transfer never decides the flow."""
     assert _imports("errors") == set()
     assert _imports("progress") == {".safefs"}
-    assert _imports("manifest") == {".safefs", "errors"}
+    # .facts: the one revision pattern and deployment rule of the fleet contract (stdlib, imports nothing).
+    assert _imports("manifest") == {".facts", ".safefs", "errors"}
     assert _imports("checkpoint") == {"manifest"}
-    assert _imports("store") == {"checkpoint", "manifest", ".safefs", "errors"}
+    assert _imports("store") == {"checkpoint", ".facts", "manifest", ".safefs", "errors"}
     assert _imports("transfer") == {".fabric_key", "manifest", ".safefs", "errors", "progress", "store"}
-    assert _imports("staging") <= {"manifest", "errors", "progress", "store", "transfer"}
+    assert _imports("staging") <= {".facts", "manifest", "errors", "progress", "store", "transfer"}
 
 
 def test_the_names_stage_exports_are_the_same_objects():

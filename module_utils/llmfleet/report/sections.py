@@ -2,7 +2,7 @@
 numbers each section shows. llmfleet.report.build loads the records, guards every builder (an unexpected shape
 becomes a section error, never a traceback) and decides what is missing or stale.
 
-Each builder returns the section's own keys; report.py adds id, title, question, sources and times.
+Each builder returns the section's own keys; build.py adds id, title, question, sources and times.
 Every builder sets ``status`` (pass / warn / fail) and ``summary`` (one line for the terminal and the top
 of the page).
 """
