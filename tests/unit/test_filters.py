@@ -45,7 +45,9 @@ def test_every_filter_name_is_registered():
         "llmfleet_accept_table",
         "llmfleet_cache_env",
         "llmfleet_duplicates",
+        "llmfleet_engine_bench_tool",
         "llmfleet_engine_plan",
+        "llmfleet_engine_profile",
         "llmfleet_engine_record",
         "llmfleet_gate_groups",
         "llmfleet_gpu_claim",
@@ -64,6 +66,7 @@ def test_every_filter_name_is_registered():
         "llmfleet_ssh_argv",
         "llmfleet_systemd_line",
         "llmfleet_timeline_table",
+        "llmfleet_wrapper_args",
     ]
 
 
