@@ -4,6 +4,7 @@ with all units stopped (head first), the first failed node named, and no rank le
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -431,8 +432,9 @@ MODELS = "/mnt/nvme/models/demo-model"
 
 def test_a_node_restarting_alone_keeps_the_pinned_revision_and_its_peers_fabric_env(prepared):
     """Staging flips `current` per node; a unit that systemd restarts alone must load what its peers loaded,
-    with their NCCL environment. The engine role refuses nodes that disagree, and a changed fabric env
-    restarts the whole deployment in order."""
+    with their NCCL environment. The engine loads the fleet contract's revision directory, so a moved `current`
+    changes nothing; the deprecated engine_model_path through `current` is refused when the nodes disagree; a
+    changed fabric env restarts the whole deployment in order."""
     lab = prepared
     cp = engine()
     assert cp.returncode == 0, cp.stdout[-4000:]
@@ -445,6 +447,7 @@ def test_a_node_restarting_alone_keeps_the_pinned_revision_and_its_peers_fabric_
             "node2",
             f"mkdir -p {MODELS}/{new} && ln -sfn {new} {MODELS}/current.tmp && mv -T {MODELS}/current.tmp {MODELS}/current",
         )
+        fabric = ssh(lab, "node2", "cat /etc/llmfleet/fabric.env").stdout
         ssh(lab, "node2", "echo NCCL_SOCKET_IFNAME=wrong0 >> /etc/llmfleet/fabric.env")
         # node2's rank dies: systemd restarts node2 (and, through the deployment link, node1 with it).
         restarts = int(unit(lab, "node2", "NRestarts") or 0)
@@ -460,8 +463,12 @@ def test_a_node_restarting_alone_keeps_the_pinned_revision_and_its_peers_fabric_
         pid = unit(lab, "node2", "MainPID")
         environ = ssh(lab, "node2", f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
         assert "NCCL_SOCKET_IFNAME=wrong0" not in environ, environ
-        # The role will not start a deployment whose nodes would load different revisions.
-        cp = engine()
+        ssh(lab, "node2", f"printf '%s' {shlex.quote(fabric)} > /etc/llmfleet/fabric.env")
+        # The contract's revision: the role plans <root>/<model>/<REV> on both nodes, whatever `current` says.
+        cp = engine("--check")
+        assert cp.returncode == 0, cp.stdout[-4000:]
+        # The deprecated path through `current`: the role will not start nodes that would load different revisions.
+        cp = engine("-e", f"engine_model_path={MODELS}/current")
         assert cp.returncode != 0
         assert "the nodes would load different revisions" in cp.stdout and f"node2 -> {MODELS}/{new}" in cp.stdout, (
             cp.stdout[-3000:]

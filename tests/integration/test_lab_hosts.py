@@ -14,7 +14,11 @@ def test_each_node_is_its_own_systemd_host(lab):
         ).stdout.split()
         assert out[0] == f"node{i}"
         assert out[2] == "systemd"
-        assert out[3] == "running", f"node{i}: systemd state {out[3]}"
+        if out[3] != "running":  # say which unit failed: what an earlier test left behind
+            failed = ssh(
+                lab, f"node{i}", "systemctl --failed --no-legend --plain; systemctl list-units --state=failed -o json"
+            )
+            raise AssertionError(f"node{i}: systemd state {out[3]}; failed units: {failed.stdout.strip()}")
         assert out[4] == f"{lab.subnet}.{10 + i}/24"
         seen[out[1]] = i
     assert len(seen) == LAB_NODES, "machine-ids are not distinct"
