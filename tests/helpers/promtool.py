@@ -14,5 +14,5 @@ def promtool_path() -> str:
     if found:
         return found
     if os.environ.get("CI") == "true":
-        pytest.fail("promtool is missing: CI installs it (make system-deps installs Debian's prometheus package)")
-    pytest.skip("promtool is not installed here (apt-get install prometheus); CI has it")
+        pytest.fail("promtool is missing: make install unpacks it into .venv/bin (from Debian's prometheus package)")
+    pytest.skip("promtool is not here (make .venv/bin/promtool unpacks it from Debian's prometheus package); CI has it")
