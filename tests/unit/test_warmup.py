@@ -137,6 +137,23 @@ def test_a_first_token_later_than_the_timeout_fails_the_cell_saying_how_long_it_
     assert "raise the per-request timeout" in cell["fix"]
 
 
+def test_a_hang_the_socket_timeout_notices_first_reads_as_the_wait_for_the_first_token(monkeypatch):
+    """Seen under load (make test): the socket's own timeout (the same limit) can end the request before the
+    waiting loop wakes; it said 'timed out (timed out)'. Here the socket times out first, always."""
+    from llmfleet.accept import client
+
+    send = client.Client._send
+
+    def early(self, box, method, path, data, timeout, **kw):
+        return send(self, box, method, path, data, 0.2, **kw)  # the socket gives up before the loop's 1 s
+
+    monkeypatch.setattr(client.Client, "_send", early)
+    with FakeOpenAI(faults={"slow_first_token"}, first_token_delay=3.0) as fake:
+        rep = warmup.warmup(fake.url, "det", settings(fake.url, [128], [1], timeout=1.0))
+    (sample,) = rep["cells"][0]["error_samples"]
+    assert sample.startswith("no token 0.") and sample.endswith("(the per-request timeout, 1 s)"), sample
+
+
 def test_the_overall_deadline_cuts_the_request_in_flight_and_the_rest_is_not_run():
     with FakeOpenAI(faults={"slow_first_token"}, first_token_delay=2.0) as fake:
         rep = warmup.warmup(fake.url, "det", settings(fake.url, [128, 256], [1], timeout=30.0, deadline=1.0))

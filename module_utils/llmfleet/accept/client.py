@@ -249,7 +249,7 @@ class Client:
                         return
                     q.put(("line", line, time.monotonic()))
             except (OSError, http.client.HTTPException, ValueError) as e:
-                q.put(("error", _transport_error(e), time.monotonic()))
+                q.put(("error", _transport_error(e), time.monotonic(), isinstance(e, socket.timeout)))
 
         threading.Thread(target=work, daemon=True, name="accept-sse").start()
         pending: list[str] = []  # data lines of the event being read
@@ -282,7 +282,12 @@ class Client:
                 res.error = error_message(res.body) if ev[1] != 200 else f"not an event stream (Content-Type {ev[3]!r})"
                 break
             if kind == "error":
-                res.error = ev[1]
+                if ev[3]:  # the socket's own timeout noticed the hang before this loop woke (a loaded host): the same
+                    _abort(box.get("sock"))
+                    res.hung = {"phase": phase, "waited_s": round(ev[2] - waited_from, 2),
+                                "limit_s": round(limit - waited_from, 2)}  # fmt: skip
+                else:
+                    res.error = ev[1]
                 break
             if kind == "eof":
                 res.closed_s = round(ev[1] - t0, 3)
