@@ -84,7 +84,6 @@ class Profile:
     spec_flags: tuple[str, ...] = ()
     # The fit check: the knobs a fix turns, the memory flags read back from argv, the engine's start-up breakdown.
     fit_flags: Mapping[str, str] = field(default_factory=dict)
-    fit_argv_flags: tuple[str, ...] = ()
     fit_breakdown: tuple[tuple[Any, Callable[[Any], dict]], ...] = ()  # (pattern, the figures of a match)
     rank_re: Any = None  # the rank a start-up line is from (the fit breakdown's per-rank figures)
     # How the engine reads argv (llmfleet.engine.helpflags): "flexible" (vLLM's FlexibleArgumentParser: underscores,
@@ -113,6 +112,13 @@ class Profile:
     precompile: bool = False
     # The engine's own "fell back" lines in a start-up log (llmfleet.engine.startscan).
     start_rules: tuple[StartRule, ...] = ()  # engine_deepgemm_precompile applies (SGLang's DeepGEMM JIT)
+
+    @property
+    def fit_argv_flags(self) -> tuple[str, ...]:
+        """The sizing flags read back from argv, in (max_model_len, max_seqs, mem_fraction, kv_cache_dtype) order: the
+        fit knobs' own flags (a knob with a value, `--kv-cache-dtype fp8`, by its flag)."""
+        f = self.fit_flags
+        return tuple(f[k].split()[0] for k in ("max_len", "seqs", "fraction", "kv_fp8")) if f else ()
 
     def as_dict(self) -> dict[str, Any]:
         """The profile as plain data for Ansible (compiled patterns and functions left out)."""

@@ -170,7 +170,6 @@ PROFILE = Profile(
         "seqs": "--max-running-requests",
         "kv_fp8": "--kv-cache-dtype fp8_e4m3",
     },
-    fit_argv_flags=("--context-length", "--max-running-requests", "--mem-fraction-static", "--kv-cache-dtype"),
     fit_breakdown=BREAKDOWN,
     argv_reader="argparse",
     # "[… PP1 TP3]"

@@ -286,7 +286,6 @@ PROFILE = Profile(
         "seqs": "--max-num-seqs",
         "kv_fp8": "--kv-cache-dtype fp8",
     },
-    fit_argv_flags=("--max-model-len", "--max-num-seqs", "--gpu-memory-utilization", "--kv-cache-dtype"),
     fit_breakdown=BREAKDOWN,
     argv_reader="flexible",
     # "(Worker_TP3 pid=…)" / "(Worker_PP1_TP3 pid=…)"
