@@ -61,6 +61,7 @@ ENGINE = """\
   ansible.builtin.fail:
     msg: "unrecognized arguments: --enable-metricz (did you mean --enable-metrics?)"
   when: fail_engine | bool
+  no_log: "{{ hide | default(false) | bool }}"
 """
 # The fleet contract: a dependency of every role (roles/llmfleet), here of the engine's.
 CONTRACT = """\
@@ -134,3 +135,14 @@ def test_every_record_carries_the_run_id_and_the_run_record_says_where_it_stoppe
     stop = json.loads((d / "run-demo.json").read_text())["stopped"]
     assert stop["role"] == "llmfleet" and stop["within"] == "engine", stop
     assert report.collect(d, "demo")["verdict"].startswith("FAIL at engine (the fleet contract's checks) on node1: ")
+
+
+@pytest.mark.skipif(shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) is None,
+                    reason="needs ansible-playbook in the venv")  # fmt: skip
+def test_a_no_log_tasks_failure_message_stays_out_of_the_run_record(tmp_path):
+    """Callbacks get a no_log task's result uncensored: the run record must not copy its message."""
+    bad = play(tmp_path, True, "site.yml", "-e", "hide=true")
+    assert bad.returncode != 0
+    stop = json.loads((tmp_path / "reports" / "run-demo.json").read_text())["stopped"]
+    assert stop["role"] == "engine" and "--enable-metricz" not in stop["message"], stop
+    assert "hidden" in stop["message"]
