@@ -36,8 +36,8 @@ def _now() -> str:
 
 
 def _message(result: dict) -> str:
-    """A failed task's message: msg, else stderr's last line, else the return code. A no_log task's result reaches
-    callbacks uncensored (each callback censors what it prints): its message stays out of the run record."""
+    """A failed task's message: msg, else stderr's last line, else the return code. A no_log task's result comes
+    censored (no msg): the record says why there is no message."""
     if result.get("_ansible_no_log"):
         return "the task's output is hidden (no_log)"
     for key in ("msg", "stderr", "reason"):

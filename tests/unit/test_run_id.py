@@ -140,7 +140,7 @@ def test_every_record_carries_the_run_id_and_the_run_record_says_where_it_stoppe
 @pytest.mark.skipif(shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) is None,
                     reason="needs ansible-playbook in the venv")  # fmt: skip
 def test_a_no_log_tasks_failure_message_stays_out_of_the_run_record(tmp_path):
-    """Callbacks get a no_log task's result uncensored: the run record must not copy its message."""
+    """A no_log task's message never reaches the run record, which says why it has none."""
     bad = play(tmp_path, True, "site.yml", "-e", "hide=true")
     assert bad.returncode != 0
     stop = json.loads((tmp_path / "reports" / "run-demo.json").read_text())["stopped"]
