@@ -72,7 +72,7 @@ $(VENV)/bin/promtool: | $(VENV)/.installed
 lint: $(VENV)/.installed
 	ruff check .
 	ruff format --check .
-	vermin -t=3.8- --no-tips --violations --no-eval-annotations --exclude-regex '(^|/)module_utils/llmfleet/(accept|report)/' --exclude-regex '(^|/)module_utils/llmfleet/oncall/(?!node_probe\.py$$)' module_utils/llmfleet library
+	vermin -t=3.8- --no-tips --violations --no-eval-annotations --exclude-regex '(^|/)module_utils/llmfleet/(accept|report)/' --exclude-regex '(^|/)module_utils/llmfleet/oncall/(?!node_probe\.py$$)' plugins/module_utils/llmfleet plugins/modules
 	yamllint --strict .
 	ansible-lint --offline
 

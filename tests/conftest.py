@@ -1,23 +1,20 @@
 """Shared test setup.
 
-Unit tests import modules from library/ and filters from filter_plugins/ directly. Modules import
-the package as ``ansible.module_utils.llmfleet``; AnsiballZ provides that name on nodes, and here
-we extend ``ansible.module_utils.__path__`` with the project's module_utils/ the same way, so the
-one source tree is what both names load.
+Unit tests import modules from plugins/modules/ and filters from plugins/filter/ directly. Modules and
+plugins import the package by the collection's name,
+``ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet``; AnsiballZ provides that name on nodes,
+and here collections/ (which holds ansible_collections/llmfleet/fleet, a link to this checkout) goes on
+sys.path, so the one source tree is what that name, and ``llmfleet`` (the CLI's), load.
 """
 
 import sys
 from pathlib import Path
 
-import ansible.module_utils
-
 ROOT = Path(__file__).resolve().parent.parent
-for sub in ("library", "filter_plugins"):
+for sub in ("plugins/modules", "plugins/filter", "collections"):
     path = str(ROOT / sub)
     if path not in sys.path:
         sys.path.insert(0, path)
-if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
 
 pytest_plugins = ["tests.unit.module_utils"]
 

@@ -1,4 +1,4 @@
-"""A module from library/ that imports ansible.module_utils.llmfleet, run by Ansible over SSH."""
+"""A module from library/ that imports ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet, run by Ansible over SSH."""
 
 import json
 

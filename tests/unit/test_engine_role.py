@@ -31,7 +31,7 @@ PLAY = """
   gather_facts: false
   tasks:
     - name: The node's topology (an empty sysfs tree here, as on a node without GPUs or HCAs)
-      llmfleet_topology_facts:
+      llmfleet.fleet.llmfleet_topology_facts:
         sysfs_root: "{{ out_dir }}"
         use_nvml: false
 
@@ -421,7 +421,7 @@ PD_PLAY = """
   gather_facts: false
   tasks:
     - name: The node's topology (an empty sysfs tree here, as on a node without GPUs or HCAs)
-      llmfleet_topology_facts:
+      llmfleet.fleet.llmfleet_topology_facts:
         sysfs_root: "{{ out_dir }}"
         use_nvml: false
 
@@ -462,7 +462,7 @@ PD_PLAY = """
 
     - name: What the gate gets
       ansible.builtin.copy:
-        content: "{{ hostvars | llmfleet_pd_gate_nodes(_engine_nodes) | to_json }}"
+        content: "{{ hostvars | llmfleet.fleet.llmfleet_pd_gate_nodes(_engine_nodes) | to_json }}"
         dest: "{{ out_dir }}/gate.json"
         mode: "0644"
       run_once: true

@@ -26,7 +26,7 @@ PLAY = """
   gather_facts: false
   tasks:
     - name: The node's topology (an empty sysfs tree here, as on a node without GPUs or HCAs)
-      llmfleet_topology_facts:
+      llmfleet.fleet.llmfleet_topology_facts:
         sysfs_root: "{{ out_dir }}"
         use_nvml: false
 

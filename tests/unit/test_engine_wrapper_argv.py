@@ -78,14 +78,14 @@ CASES = [
 ]
 # Inputs both sides take as given (the plan tasks', which run before the wrapper's).
 PREP = [
-    {"name": "Plan", "ansible.builtin.set_fact": {"_engine_plan": "{{ _engine_spec | llmfleet_engine_plan(engine_node_rank) }}"}},
+    {"name": "Plan", "ansible.builtin.set_fact": {"_engine_plan": "{{ _engine_spec | llmfleet.fleet.llmfleet_engine_plan(engine_node_rank) }}"}},
     {"name": "P/D instance", "when": "_engine_pd | bool",
      "ansible.builtin.set_fact": {"_engine_pd_instance": {
          "name": "{{ inventory_hostname }}", "role": "{{ engine_pd_role }}",
          "url": "http://{{ _engine_fabric_ip }}:{{ _engine_port }}",
          "api_base": "http://{{ ansible_host | default(inventory_hostname) }}:{{ _engine_port }}"}}},
     {"name": "Router plan", "when": "_engine_pd | bool and inventory_hostname == _engine_head",
-     "ansible.builtin.set_fact": {"_engine_router_plan": "{{ _engine_router_spec | llmfleet_router_plan }}"}},
+     "ansible.builtin.set_fact": {"_engine_router_plan": "{{ _engine_router_spec | llmfleet.fleet.llmfleet_router_plan }}"}},
 ]  # fmt: skip
 OUT = {
     "name": "Out",

@@ -1,4 +1,4 @@
-"""The package has one source, importable as `llmfleet` and as `ansible.module_utils.llmfleet`."""
+"""The package has one source, importable as `llmfleet` and as `ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet`."""
 
 import ast
 import graphlib
@@ -28,7 +28,7 @@ def test_llmfleet_is_the_module_utils_tree():
 
 def test_same_source_under_both_names():
     a = importlib.import_module("llmfleet.nodeinfo")
-    b = importlib.import_module("ansible.module_utils.llmfleet.nodeinfo")
+    b = importlib.import_module("ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.nodeinfo")
     assert a is not b  # two module objects ...
     assert Path(a.__file__).resolve() == Path(b.__file__).resolve()  # ... of one file
     assert a.meminfo_kib("MemTotal: 42 kB") == b.meminfo_kib("MemTotal: 42 kB") == 42

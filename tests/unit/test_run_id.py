@@ -35,7 +35,7 @@ PLAYBOOK = """\
 """
 PREFLIGHT = """\
 - name: Write preflight.json
-  llmfleet_record:
+  llmfleet.fleet.llmfleet_record:
     dir: "{{ llmfleet_report_dir }}"
     name: preflight.json
     content: {status: pass, failed_nodes: [], rows: []}

@@ -5,10 +5,10 @@ import os
 import pwd
 
 import pytest
-from ansible.module_utils.llmfleet.engine.command import PlanError, fingerprint
-from ansible.module_utils.llmfleet.safefs import UnsafePathError
 
 import llmfleet_engine_cache as mod
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine.command import PlanError, fingerprint
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.safefs import UnsafePathError
 from tests.unit.modules.util import Recorder, fail, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")

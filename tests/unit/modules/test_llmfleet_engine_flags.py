@@ -4,10 +4,10 @@ played by a captured one)."""
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.llmfleet.engine.command import PlanError
-from ansible.module_utils.llmfleet.engine.helpflags import unknown_flags
 
 import llmfleet_engine_flags as mod
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine.command import PlanError
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine.helpflags import unknown_flags
 from tests.unit.modules.util import Recorder, fail, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")

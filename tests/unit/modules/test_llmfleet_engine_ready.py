@@ -3,9 +3,9 @@
 from typing import ClassVar
 
 import pytest
-from ansible.module_utils.llmfleet.engine.gate import DEFAULT_PROMPT, PrivilegeError
 
 import llmfleet_engine_ready as mod
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine.gate import DEFAULT_PROMPT, PrivilegeError
 from tests.unit.modules.util import fail, job_result, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")

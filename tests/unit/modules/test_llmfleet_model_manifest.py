@@ -4,11 +4,13 @@ and manifest.build_manifest."""
 from typing import ClassVar
 
 import pytest
-from ansible.module_utils.llmfleet.stage.errors import StageError
-from ansible.module_utils.llmfleet.stage.lease import LeaseTimeout
-from ansible.module_utils.llmfleet.stage.manifest import build_manifest as real_build_manifest
 
 import llmfleet_model_manifest as mod
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.stage.errors import StageError
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.stage.lease import LeaseTimeout
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.stage.manifest import (
+    build_manifest as real_build_manifest,
+)
 from tests.unit.modules.util import Recorder, fail, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")
@@ -126,7 +128,9 @@ def test_a_lost_lease_stops_the_build_with_a_clear_message(fakes, monkeypatch, t
     from tests.helpers.ckpt import make_checkpoint
 
     src = make_checkpoint(tmp_path / "src", shards=2)
-    globs = mod.lease_check.__globals__  # the package as the module imports it (ansible.module_utils.llmfleet)
+    globs = (
+        mod.lease_check.__globals__
+    )  # the package as the module imports it (ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet)
 
     class Lost(Exception):
         pass
@@ -168,8 +172,9 @@ def test_a_link_out_of_the_source_fails_the_task_by_name(fakes, monkeypatch, tmp
     """A source file linked to a root-only file elsewhere would be staged as root, world-readable, and
     served to peers: the task fails naming the link, where it points and the fix; allowing its directory
     (model_stage_source_allow_links_into) makes it part of the revision."""
-    from ansible.module_utils.llmfleet.stage.manifest import obtain_manifest as real_obtain_manifest
-
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.stage.manifest import (
+        obtain_manifest as real_obtain_manifest,
+    )
     from tests.helpers.ckpt import make_checkpoint
 
     src = make_checkpoint(tmp_path / "src", shards=1)

@@ -4,13 +4,13 @@ mode: to stage.plan)."""
 import json
 
 import pytest
-from ansible.module_utils.llmfleet.stage.errors import StageError
-from ansible.module_utils.llmfleet.stage.lease import LeaseTimeout
-from ansible.module_utils.llmfleet.stage.manifest import manifest_digest
-from ansible.module_utils.llmfleet.stage.staging import StageRequest
-from ansible.module_utils.llmfleet.stage.swarm import SwarmConfig
 
 import llmfleet_model_stage as mod
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.stage.errors import StageError
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.stage.lease import LeaseTimeout
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.stage.manifest import manifest_digest
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.stage.staging import StageRequest
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.stage.swarm import SwarmConfig
 from tests.unit.modules.util import Recorder, fail, job_result, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")

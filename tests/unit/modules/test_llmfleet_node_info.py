@@ -1,4 +1,4 @@
-"""llmfleet_node_info run in-process, importing ansible.module_utils.llmfleet: options -> nodeinfo.gather."""
+"""llmfleet_node_info run in-process, importing ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet: options -> nodeinfo.gather."""
 
 import pytest
 
@@ -20,7 +20,7 @@ def test_reports_node_and_changes_nothing(tmp_path):
 
 
 def test_module_uses_the_module_utils_name():
-    assert mod.gather.__module__ == "ansible.module_utils.llmfleet.nodeinfo"
+    assert mod.gather.__module__ == "ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.nodeinfo"
 
 
 @pytest.mark.parametrize("check", [False, True], ids=["run", "check"])

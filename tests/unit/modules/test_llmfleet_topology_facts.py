@@ -1,9 +1,12 @@
 """llmfleet_topology_facts: options -> topology.report; its result -> ansible_facts.llmfleet_topology."""
 
 import pytest
-from ansible.module_utils.llmfleet.checks.topology import OverrideError, TopologyError
 
 import llmfleet_topology_facts as mod
+from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.checks.topology import (
+    OverrideError,
+    TopologyError,
+)
 from tests.unit.modules.util import Recorder, fail, run, undocumented
 
 pytestmark = pytest.mark.usefixtures("module_exits")
