@@ -76,7 +76,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Fingerprint the launch and prepare its compile-cache directory
-  llmfleet_engine_cache:
+  llmfleet.fleet.llmfleet_engine_cache:
     engine_python: /opt/sglang/bin/python
     engine: sglang
     model_path: /mnt/nvme/models/qwen/current

@@ -69,13 +69,13 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Check the engine flags against the engine's own --help
-  llmfleet_engine_flags:
+  llmfleet.fleet.llmfleet_engine_flags:
     command: [sglang, serve]
     profile: sglang
     argv: [sglang, serve, --model-path, /m, --tp-size, "8"]
 
 - name: Check the P/D router's flags against vllm-router --help
-  llmfleet_engine_flags:
+  llmfleet.fleet.llmfleet_engine_flags:
     command: [/opt/vllm/bin/vllm-router]
     profile: router
     argv: [/opt/vllm/bin/vllm-router, --vllm-pd-disaggregation, --prefill, "http://10.0.0.11:8000", --decode, "http://10.0.0.12:8000"]

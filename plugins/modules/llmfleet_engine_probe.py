@@ -60,7 +60,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Read the node's model revision, claims, fabric environment and credentials
-  llmfleet_engine_probe:
+  llmfleet.fleet.llmfleet_engine_probe:
     model_path: /mnt/nvme/models/demo-model/5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed
     claim_dir: /etc/llmfleet/gpus
     claim_path: /etc/llmfleet/gpus/demo.json

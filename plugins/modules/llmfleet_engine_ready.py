@@ -156,7 +156,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Readiness gate from the ops host
-  llmfleet_engine_ready:
+  llmfleet.fleet.llmfleet_engine_ready:
     nodes:
       - {name: node1, rank: 0, ssh: [ssh, node1]}
       - {name: node2, rank: 1, ssh: [ssh, node2]}
@@ -173,7 +173,7 @@ EXAMPLES = r"""
   changed_when: false
 
 - name: Wait for the readiness gate, showing each node's start
-  llmfleet_job_wait:
+  llmfleet.fleet.llmfleet_job_wait:
     jid: "{{ _gate_job.ansible_job_id }}"
     results_file: "{{ _gate_job.results_file }}"
     what: engine readiness gate
@@ -187,7 +187,7 @@ EXAMPLES = r"""
   register: _gate
 
 - name: P/D readiness gate through the router, with the KV transfer proven
-  llmfleet_engine_ready:
+  llmfleet.fleet.llmfleet_engine_ready:
     nodes:
       - {name: node1, rank: 0, ssh: [ssh, node1], api_base: "http://10.0.0.11:8000", pd_role: prefill}
       - {name: node2, rank: 1, ssh: [ssh, node2], api_base: "http://10.0.0.12:8000", pd_role: decode}

@@ -79,7 +79,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Warm the engine over the shapes its traffic brings (on the head, against its own port)
-  llmfleet_engine_warmup:
+  llmfleet.fleet.llmfleet_engine_warmup:
     api_base: http://127.0.0.1:8000
     model: qwen
     api_key: "{{ llmfleet_api_key }}"

@@ -71,7 +71,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: The deployment's directories and environment file
-  llmfleet_files:
+  llmfleet.fleet.llmfleet_files:
     directories:
       - {path: /var/lib/llmfleet/engine/qwen, owner: llmfleet, group: llmfleet, mode: "0750"}
     files:

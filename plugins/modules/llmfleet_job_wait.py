@@ -80,7 +80,7 @@ author: llmfleet developers
 EXAMPLES = r"""
 # _stage_job: what llmfleet_model_stage with detach=true registered (its EXAMPLES start it).
 - name: Wait for staging, showing progress
-  llmfleet_job_wait:
+  llmfleet.fleet.llmfleet_job_wait:
     jid: "{{ _stage_job.ansible_job_id }}"
     results_file: "{{ _stage_job.results_file }}"
     what: staging

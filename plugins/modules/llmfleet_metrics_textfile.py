@@ -73,7 +73,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Staging metrics for node_exporter
-  llmfleet_metrics_textfile:
+  llmfleet.fleet.llmfleet_metrics_textfile:
     directory: /var/lib/node_exporter/textfile_collector
     name: llmfleet_stage_qwen3.8.prom
     source: stage

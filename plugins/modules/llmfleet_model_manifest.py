@@ -67,7 +67,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Manifest of the revision
-  llmfleet_model_manifest:
+  llmfleet.fleet.llmfleet_model_manifest:
     source: /mnt/shared/models--Qwen--Qwen3.8
     model: qwen3.8
     revision: d2dc35658bcf77e66643428cb52e774cc3b5bd29

@@ -159,7 +159,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Start staging on every node (returns at once; the copy runs detached)
-  llmfleet_model_stage:
+  llmfleet.fleet.llmfleet_model_stage:
     source: /mnt/shared/models--Qwen--Qwen3.8
     manifest_path: /mnt/shared/.llmfleet/manifests/qwen3.8/d2dc35658bcf77e66643428cb52e774cc3b5bd29.json
     model: qwen3.8

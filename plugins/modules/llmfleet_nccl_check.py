@@ -184,7 +184,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Start this node's ranks of the full world (returns at once; the ranks run detached)
-  llmfleet_nccl_check:
+  llmfleet.fleet.llmfleet_nccl_check:
     python: /opt/engine/bin/python
     world: 32
     master: 10.10.0.11
@@ -196,7 +196,7 @@ EXAMPLES = r"""
   changed_when: false
 
 - name: Wait for the world's verdict
-  llmfleet_job_wait:
+  llmfleet.fleet.llmfleet_job_wait:
     jid: "{{ _nccl_job.ansible_job_id }}"
     results_file: "{{ _nccl_job.results_file }}"
     what: the full NCCL world

@@ -29,7 +29,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Describe the node
-  llmfleet_node_info:
+  llmfleet.fleet.llmfleet_node_info:
   register: node
 """
 

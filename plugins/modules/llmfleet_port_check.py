@@ -56,7 +56,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Probe the peers
-  llmfleet_port_check:
+  llmfleet.fleet.llmfleet_port_check:
     mode: probe
     ports: [50080]
     targets: {node2: 10.0.0.12}

@@ -58,7 +58,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Judge the fleet
-  llmfleet_preflight_evaluate:
+  llmfleet.fleet.llmfleet_preflight_evaluate:
     measurements: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, ['_m', 'measurements']))) }}"
   delegate_to: localhost
   run_once: true

@@ -55,7 +55,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Measure the node
-  llmfleet_preflight_info:
+  llmfleet.fleet.llmfleet_preflight_info:
     peers: "{{ dict(groups.llmfleet_nodes | zip(groups.llmfleet_nodes | map('extract', hostvars, 'llmfleet_fabric_ip'))) }}"
   register: _measured
 """

@@ -52,7 +52,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Write topology.json on the ops host
-  llmfleet_record:
+  llmfleet.fleet.llmfleet_record:
     dir: "{{ llmfleet_report_dir }}"
     name: topology.json
     content:

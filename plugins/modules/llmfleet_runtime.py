@@ -62,7 +62,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Install the llmfleet runtime
-  llmfleet_runtime:
+  llmfleet.fleet.llmfleet_runtime:
     src: "{{ playbook_dir }}/../module_utils/llmfleet"
     lib_dir: /opt/llmfleet/lib
     python: /usr/bin/python3

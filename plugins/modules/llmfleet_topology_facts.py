@@ -57,7 +57,7 @@ author: llmfleet developers
 
 EXAMPLES = r"""
 - name: Discover the fabric
-  llmfleet_topology_facts:
+  llmfleet.fleet.llmfleet_topology_facts:
     node_ip: "{{ llmfleet_fabric_ip }}"
 
 - name: Show the NCCL interface

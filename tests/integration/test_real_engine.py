@@ -7,7 +7,12 @@ link stopping the other node, the real benchmark tool against it (docs/real-engi
 
 import json
 import re
+import subprocess
+import sys
+import threading
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,6 +24,8 @@ VENV = ROOT / ".venv-vllm"
 UNIT = "llmfleet-real.service"
 NODES = ("node1", "node2")
 RECORD = "/var/lib/llmfleet/engine/real/termination.json"
+STATUS = "/var/lib/llmfleet/engine/real/status.json"
+HEALTH = {"interval": 5, "timeout": 10, "failures": 2}
 
 
 def real_vars(**more):
@@ -64,6 +71,11 @@ def real_vars(**more):
         "engine_ready_deadline": 420,
         "engine_start_timeout": 600,
         "engine_restart_sec": 2,
+        # Serving health, with shorter intervals than the defaults (30 s, 20 s, 3): every test below runs under
+        # the probe (acceptance, the bench tool's load), and a hang is found within 5 x 2 + 10 = 20 s.
+        "engine_health_interval": HEALTH["interval"],
+        "engine_health_timeout": HEALTH["timeout"],
+        "engine_health_failures": HEALTH["failures"],
     }
     v.update(more)
     return ["-e", json.dumps(v)]
@@ -115,6 +127,7 @@ def test_real_vllm_reaches_ready_and_answers_703(real, reports):
     warm = json.loads((reports / "warmup-real.json").read_text())
     assert warm["ok"] and warm["wall_s"] > 0 and warm["summary"].startswith("WARMED UP"), warm
     record = json.loads((reports / "engine-real.json").read_text())
+    print("gate timeline:", json.dumps(record["gates"][-1]["timeline"]))
     assert record["warmup"]["ok"] and record["warmup"]["wall_s"] == warm["wall_s"]
     spec = record["speculative"]
     assert spec["config"] == {"method": "ngram", "num_steps": 2} and spec["read_after"] == "warm-up"
@@ -173,6 +186,134 @@ def test_real_benchmark_against_the_two_node_engine(real, reports):
     report = json.loads((reports / "real/latest/report.json").read_text())
     steps = {st["name"]: st["status"] for st in report["steps"]}
     assert steps["bench"] == "pass", steps
+
+
+def ask(timeout=30):
+    body = {"model": "det-model", "messages": [{"role": "user", "content": "What is 37\u00d719? Reply with only the number."}],
+            "temperature": 0, "max_tokens": 16, "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
+    req = urllib.request.Request("http://10.77.0.11:8000/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (http to the lab head)
+        return json.loads(r.read())["choices"][0]["message"]["content"].strip()
+
+
+def oncall(lab, tmp_path, *args, timeout=300):
+    """The `llmfleet` on-call CLI from the ops host, over SSH as the lab's operator (become), against node1-2."""
+    inv = tmp_path / "oncall-inventory.yml"
+    inv.write_text(json.dumps({"all": {
+        "vars": {"ansible_user": "ops", "ansible_become": True, "ansible_ssh_common_args": f"-F {lab.ssh_config}",
+                 "llmfleet_deployment": "real", "ansible_python_interpreter": "/usr/bin/python3"},
+        "children": {"llmfleet_nodes": {"children": {
+            "head": {"hosts": {"node1": {"ansible_host": "10.77.0.11", "llmfleet_fabric_ip": "10.77.0.11"}}},
+            "worker": {"hosts": {"node2": {"ansible_host": "10.77.0.12", "llmfleet_fabric_ip": "10.77.0.12"}}}}}}}}))  # fmt: skip
+    cmd = [str(Path(sys.executable).parent / "llmfleet"), args[0], "-i", str(inv), *args[1:]]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_a_healthy_real_deployment_is_never_restarted_by_its_probe(real, reports):
+    """No false positive: the deployment the tests above used (acceptance, then `vllm bench serve` loading it)
+    ran under the probe every 5 s from READY on; left alone, then loaded by concurrent clients for several
+    intervals, no probe failed and nothing restarted."""
+    lab = real
+    serving(lab, reports)
+    assert "--health-url http://127.0.0.1:8000" in unit(lab, "ExecStart")
+    loaded_from = time.time()
+    stop = threading.Event()
+    answers = []
+
+    def client():
+        while not stop.is_set():
+            try:
+                answers.append(ask(timeout=60))
+            except OSError as e:
+                answers.append(repr(e))
+
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(2)]
+    for c in clients:
+        c.start()
+    time.sleep(HEALTH["interval"] * 4 + 1)
+    stop.set()
+    for c in clients:
+        c.join(70)
+    st = json.loads(ssh(lab, "node1", f"cat {STATUS}").stdout)
+    health = st["health"]
+    during = [p for p in health["probes"] if p["at"] >= loaded_from]
+    print(f"{len(answers)} client answers in {HEALTH['interval'] * 4 + 1} s; probes under that load: {during}")
+    assert answers and set(answers) == {"703"}, answers[:5]
+    assert len(during) >= 3 and all(p["ok"] for p in during), health
+    assert health["failures_in_row"] == 0 and not health["unhealthy"], health
+    # Since READY (before acceptance and the bench tool ran): no probe ever failed, no unit restarted.
+    since = int(st["started_at"])
+    journal = ssh(lab, "node1", f"journalctl -u {UNIT} -o cat --no-pager --since=@{since}").stdout
+    assert "health: probe failed" not in journal, journal[-3000:]
+    assert "Application startup complete" in journal, journal[-3000:]
+    assert all(unit(lab, "NRestarts", n) == "0" and unit(lab, "ActiveState", n) == "active" for n in NODES)
+    print(f"probed for {time.time() - st['ready_at']:.0f} s since READY without a failure")
+
+
+def test_a_real_engine_core_stopped_while_serving_is_found_and_healed(real, reports, tmp_path):
+    """SIGSTOP vLLM's engine core on the head after the gate: alive, its port, /health and /v1/models fine, every
+    generation hangs. The head's probe fails twice in a row (no answer within 10 s), its wrapper stops the engine
+    (exit 69, unhealthy-while-serving), the link stops node2 (75, naming node1), systemd restarts both, it answers
+    703 again, and `status` and `why` say what happened."""
+    lab = real
+    serving(lab, reports)
+    before = {n: int(unit(lab, "NRestarts", n) or 0) for n in NODES}
+    core = ssh(lab, "node1", "pgrep -f '^VLLM::EngineCore'").stdout.split()
+    assert len(core) == 1, core
+    t_hang = time.time()
+    ssh(lab, "node1", f"kill -STOP {core[0]}")
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        if all(int(unit(lab, "NRestarts", n) or 0) > before[n] for n in NODES):
+            break
+        time.sleep(1)
+    assert all(int(unit(lab, "NRestarts", n) or 0) > before[n] for n in NODES), "a unit was never restarted"
+    assert ssh(lab, "node1", f"test -d /proc/{core[0]} && echo left || true").stdout.strip() == "", "core left"
+    rec = json.loads(ssh(lab, "node1", f"cat {RECORD}.1").stdout)
+    assert rec["verdict"] == "unhealthy-while-serving" and rec["exit_code"] == 69, rec["reason"]
+    assert "hung while serving" in rec["reason"] and rec["left_over_pids"] == 0, rec["reason"]
+    probes = rec["health"]["probes"]
+    failing = probes[-HEALTH["failures"] :]
+    assert all(not p["ok"] and f"no complete answer within {HEALTH['timeout']} s" in p["error"] for p in failing), (
+        probes
+    )
+    peer = json.loads(ssh(lab, "node2", f"cat {RECORD}.1").stdout)
+    assert peer["verdict"] == "peer-failed" and peer["exit_code"] == 75, peer["reason"]
+    assert peer["link"]["stopped_by"]["node"] == "node1", peer["link"]
+    assert "hung while serving" in peer["link"]["stopped_by"]["reason"], peer["link"]
+    found = failing[-1]["at"] + failing[-1]["latency_s"]
+    bound = HEALTH["interval"] * HEALTH["failures"] + HEALTH["timeout"]
+    stopped = max(rec["ended_at"], peer["ended_at"])
+    # Serving again: systemd's restart, no command run (the unit is active once the head serves; ask until 703).
+    got = None
+    while time.monotonic() < deadline and got != "703":
+        try:
+            got = ask(timeout=30)
+        except OSError:
+            time.sleep(1)
+    served = time.time()
+    print(f"SIGSTOP -> found {found - t_hang:.1f} s (bound {bound} s), every node stopped {stopped - t_hang:.1f} s, "
+          f"serving 703 again {served - t_hang:.1f} s; probes: {probes}")  # fmt: skip
+    assert got == "703"
+    # status shows the new run's probe once it asked; why (over a bundle of this run) names the hang on node1.
+    end = time.monotonic() + 60
+    while True:
+        st = oncall(lab, tmp_path, "status", "--json")
+        units = {r["node"]: r["units"][0] for r in json.loads(st.stdout)["nodes"]}
+        last = (units["node1"].get("health") or {}).get("last")
+        if (last and last["ok"]) or time.monotonic() > end:
+            break
+        time.sleep(2)
+    assert st.returncode == 0 and last and last["ok"] and units["node2"].get("health") is None, st.stdout[-3000:]
+    bundle = tmp_path / "bundle"
+    b = oncall(lab, tmp_path, "bundle", "-o", str(bundle), f"--since=@{int(rec['started_at']) - 1}")
+    assert b.returncode == 0, b.stdout + b.stderr
+    why = subprocess.run([str(Path(sys.executable).parent / "llmfleet"), "why", "--bundle", str(bundle), "--json"],
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    first = json.loads(why.stdout)["first_failure"]
+    assert first["node"] == "node1" and first["verdict"] == "unhealthy-while-serving", json.dumps(first)[:2000]
+    assert "hung while serving" in first["cause"], json.dumps(first)[:2000]
 
 
 def test_real_worker_sigkill_is_a_failure_and_the_deployment_comes_back(real):

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from ansible.executor import module_common as mc
 from ansible.executor.module_common import _builder
-from ansible.plugins.loader import init_plugin_loader
 
 from tests.helpers import ansible_cache
 
@@ -25,7 +24,10 @@ spec = importlib.util.spec_from_file_location(
 plugin = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(plugin)
 
-MODULE = ROOT / "library" / "llmfleet_engine_cache.py"  # one of the project's modules, with module_utils imports
+MODULE = (
+    ROOT / "plugins" / "modules" / "llmfleet_engine_cache.py"
+)  # one of the project's modules, with module_utils imports
+COLLECTION = "llmfleet.fleet"  # where its module_utils come from (tests/conftest.py sets up the collection loader)
 WHEN = datetime.datetime(2026, 12, 2, tzinfo=datetime.UTC)
 
 
@@ -44,7 +46,7 @@ def build(finder):
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         meta = finder(
             "llmfleet_engine_cache",
-            "ansible.legacy.llmfleet_engine_cache",
+            "ansible_collections.llmfleet.fleet.plugins.modules.llmfleet_engine_cache",
             MODULE.read_bytes(),
             zf,
             WHEN,
@@ -54,11 +56,6 @@ def build(finder):
         return [(i.filename, zf.read(i)) for i in zf.infolist()], meta
 
 
-@pytest.fixture(scope="module", autouse=True)
-def plugin_loader():
-    init_plugin_loader()  # what ansible-playbook does first: the collection loader resolves ansible.builtin
-
-
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("ANSIBLE_HOME", str(tmp_path / "ansible-home"))
@@ -66,23 +63,40 @@ def home(tmp_path, monkeypatch):
 
 
 def dirs_with(extra):
-    return lambda: [str(ROOT / "module_utils"), mc._MODULE_UTILS_PATH, str(extra)]
+    return lambda: [str(ROOT / "plugins" / "module_utils"), mc._MODULE_UTILS_PATH, str(extra)]
+
+
+def cached(spy, extra, covered=frozenset({COLLECTION})):
+    return plugin.wrap(spy, dirs_with(extra), mc._make_zinfo, mc.ModuleMetadataV1, lambda: set(covered))
 
 
 def test_a_payload_from_the_cache_is_what_ansible_scans(home, tmp_path):
     (tmp_path / "mu").mkdir()
     spy = Counting()
-    first = build(plugin.wrap(spy, dirs_with(tmp_path / "mu"), mc._make_zinfo, mc.ModuleMetadataV1))
-    second = build(plugin.wrap(spy, dirs_with(tmp_path / "mu"), mc._make_zinfo, mc.ModuleMetadataV1))
+    first = build(cached(spy, tmp_path / "mu"))
+    second = build(cached(spy, tmp_path / "mu"))
     plain = build(mc.recursive_finder)
     assert spy.calls == 1, "the second build scanned again"
     assert first == plain and second == plain
     names = [n for n, _ in plain[0]]
     assert "ansible/module_utils/basic.py" in names and any(
-        n.startswith("ansible/module_utils/llmfleet/") for n in names
+        n.startswith("ansible_collections/llmfleet/fleet/plugins/module_utils/llmfleet/") for n in names
     )
     assert len(list(home.glob("*.json"))) == 1
     assert (home.stat().st_mode & 0o777) == 0o700
+
+
+def test_module_utils_from_a_collection_outside_the_fingerprint_are_never_cached(home, tmp_path):
+    spy = Counting()
+    for _ in range(2):
+        payload = build(cached(spy, tmp_path, covered=frozenset()))
+    assert spy.calls == 2 and list(home.glob("*.json")) == []
+    assert payload == build(mc.recursive_finder)
+
+
+def test_the_fingerprint_covers_the_collections_on_the_collection_paths():
+    utils = plugin.collection_utils()
+    assert Path(utils[COLLECTION]).resolve() == (ROOT / "plugins" / "module_utils").resolve()
 
 
 def test_a_changed_module_utils_file_scans_again(home, tmp_path):
@@ -90,9 +104,9 @@ def test_a_changed_module_utils_file_scans_again(home, tmp_path):
     mu.mkdir()
     (mu / "x.py").write_text("A = 1\n")
     spy = Counting()
-    build(plugin.wrap(spy, dirs_with(mu), mc._make_zinfo, mc.ModuleMetadataV1))
+    build(cached(spy, mu))
     (mu / "x.py").write_text("A = 22\n")  # another size (and mtime)
-    build(plugin.wrap(spy, dirs_with(mu), mc._make_zinfo, mc.ModuleMetadataV1))
+    build(cached(spy, mu))
     assert spy.calls == 2
 
 
@@ -101,7 +115,7 @@ def test_a_cache_directory_others_can_write_is_never_used(home, tmp_path):
     os.chmod(home, 0o777)
     spy = Counting()
     for _ in range(2):
-        payload = build(plugin.wrap(spy, dirs_with(tmp_path), mc._make_zinfo, mc.ModuleMetadataV1))
+        payload = build(cached(spy, tmp_path))
     assert spy.calls == 2 and list(home.iterdir()) == []
     assert payload == build(mc.recursive_finder)
 

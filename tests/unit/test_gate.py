@@ -504,3 +504,47 @@ def test_the_first_failed_node_is_never_one_the_link_stopped_for_another():
     records = {k: dict(v, verdict="exit-code") for k, v in records.items()}
     assert gate.first_failed(nodes, records, t0).name == "node1"
     assert gate.first_failed(nodes, {}, t0).name == "node1"
+
+
+def test_the_timeline_keeps_every_api_attempt_and_the_polls(tmp_path, monkeypatch):
+    """Where the time between READY and the first correct answer goes: each port, models and answer attempt with
+    its start, duration and outcome (a 503 while the engine warms up, then 703), and the SSH poll rounds."""
+    answers = [(503, {"error": "warming up"}), (200, {"choices": [{"message": {"content": "703"}}]})]
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, data):
+            raw = json.dumps(data).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self):
+            self._send(200, {"data": [{"id": "m"}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._send(*(answers.pop(0) if len(answers) > 1 else answers[0]))
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    active = "ActiveState=active\nSubState=running\nNRestarts=0\nInvocationID=abc\n@@status\n{}\n@@end\n"
+    fake = fake_ssh(tmp_path, f"printf '{active}'\n")
+    g = gate.Gate([{"name": "node1", "rank": 0, "ssh": [fake, "n1"]}], "u.service", status_file="/s", record_file="/r",
+                  api_base=f"http://127.0.0.1:{srv.server_address[1]}", model="m", deadline=60, poll=0.05)  # fmt: skip
+    try:
+        res = g.wait()
+    finally:
+        srv.shutdown()
+    assert res["ready"], res
+    tl = res["timeline"]
+    steps = [(a["step"], a["ok"]) for a in tl["attempts"]]
+    assert steps == [("port", True), ("models", True), ("answer", False), ("answer", True)], tl["attempts"]
+    assert "HTTP 503" in tl["attempts"][2]["why"] and all(a["s"] >= 0 and a["api"] == "node1" for a in tl["attempts"])
+    assert tl["attempts"][3]["at"] >= tl["attempts"][2]["at"]
+    assert tl["polls"]["count"] >= 2 and tl["polls"]["max_s"] >= tl["polls"]["median_s"] > 0, tl["polls"]
+    assert isinstance(tl["nodes"]["node1"]["gate_saw_active"], float)

@@ -41,8 +41,14 @@ def tasks_in(items) -> list[dict]:
     return out
 
 
+def key_of(task: dict) -> str | None:
+    """The task's key that names one of our modules (its FQCN in roles and examples)."""
+    return next((k for k in task if k.removeprefix("llmfleet.fleet.") in MODULES), None)
+
+
 def module_of(task: dict) -> str | None:
-    return next((k for k in task if k in MODULES or k.removeprefix("ansible.legacy.") in MODULES), None)
+    key = key_of(task)
+    return None if key is None else key.removeprefix("llmfleet.fleet.")
 
 
 def role_tasks() -> dict[str, list[dict]]:
@@ -79,7 +85,7 @@ def fixed_role_values(name: str) -> dict:
     tasks = [t for t in ROLE_TASKS.get(name, []) if t.get("check_mode") is not True]
     if not tasks:
         return {}
-    args = [t[module_of(t)] or {} for t in tasks]
+    args = [t[key_of(t)] or {} for t in tasks]
     common = set.intersection(*(set(a) for a in args))
     return {
         k: args[0][k] for k in sorted(common) if isinstance(args[0][k], bool) and all(a[k] == args[0][k] for a in args)
@@ -91,7 +97,7 @@ def test_example_arguments_are_options_of_the_module(name):
     problems = []
     for task in examples(name):
         if (used := module_of(task)) is not None:
-            problems += argument_problems(task[used] or {}, real_spec(used)[0], f"task {task.get('name')!r}: ")
+            problems += argument_problems(task[key_of(task)] or {}, real_spec(used)[0], f"task {task.get('name')!r}: ")
     assert not problems, f"{name}: " + "; ".join(problems)
 
 
@@ -101,7 +107,7 @@ def test_examples_do_what_the_roles_do(name):
     for task in examples(name):
         if (used := module_of(task)) is None:
             continue
-        args, where = task[used] or {}, f"task {task.get('name')!r} ({used})"
+        args, where = task[key_of(task)] or {}, f"task {task.get('name')!r} ({used})"
         for opt, value in fixed_role_values(used).items():
             if args.get(opt, value) != value:
                 problems.append(f"{where} sets {opt}: {args[opt]}, every role task {opt}: {value}")

@@ -38,7 +38,7 @@ def node_side_files() -> list[Path]:
 def test_the_lint_command_fails_on_code_that_needs_python_3_10(tmp_path):
     argv = lint_argv()
     paths = {a for i, a in enumerate(argv[1:], 1) if not a.startswith("-") and argv[i - 1] != "--exclude-regex"}
-    assert paths == {"module_utils/llmfleet", "library"}
+    assert paths == {"plugins/module_utils/llmfleet", "plugins/modules"}
     flags = [a for a in argv[1:] if a not in paths]
     (tmp_path / "fine.py").write_text(
         "from __future__ import annotations\n\n\ndef f(x: list[str] | None) -> dict[str, int]:\n    return {}\n"
@@ -54,9 +54,10 @@ def test_the_lint_command_fails_on_code_that_needs_python_3_10(tmp_path):
 
 def test_the_node_side_is_what_nodes_run():
     files = {str(p.relative_to(ROOT)) for p in node_side_files()}
-    assert "module_utils/llmfleet/oncall/node_probe.py" in files  # on-call sends it to nodes as source
-    assert "library/llmfleet_model_stage.py" in files and "module_utils/llmfleet/stage/lease.py" in files
-    assert not [f for f in files if re.match(r"module_utils/llmfleet/(accept|report|oncall/(?!node_probe))", f)]
+    assert "plugins/module_utils/llmfleet/oncall/node_probe.py" in files  # on-call sends it to nodes as source
+    assert "plugins/modules/llmfleet_model_stage.py" in files
+    assert "plugins/module_utils/llmfleet/stage/lease.py" in files
+    assert not [f for f in files if re.match(r"plugins/module_utils/llmfleet/(accept|report|oncall/(?!node_probe))", f)]
 
 
 @pytest.mark.parametrize("path", node_side_files(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -17,7 +17,7 @@ import llmfleet
 from llmfleet import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-PKG = ROOT / "module_utils" / "llmfleet"
+PKG = ROOT / "plugins" / "module_utils" / "llmfleet"
 # Modules that run only on the ops host and may import third-party packages (lazily).
 OPS_HOST_ONLY = {"cli.py"}
 

@@ -77,6 +77,7 @@ def play(tmp_path: Path, fail: bool, playbook: str = "site.yml", *extra: str) ->
     if not pb.exists():
         pb.mkdir()
         shutil.copy(ROOT / "playbooks/run_start.yml", pb)
+        shutil.copy(ROOT / "playbooks/inventory_check.yml", pb)
         shutil.copytree(ROOT / "playbooks/callback_plugins", pb / "callback_plugins",
                         ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
         (pb / "site.yml").write_text(PLAYBOOK)

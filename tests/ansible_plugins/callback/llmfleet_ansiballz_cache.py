@@ -7,9 +7,10 @@ CPU in an engine converge (py-spy: 14 payloads, about 6 CPU-s of 29). This callb
 only (tests/helpers/ansible_cache.py), wraps recursive_finder with a cache on disk:
 
 - keyed by the module's source, its name, the payload's extensions, ansible-core's version and the size and
-  mtime of every file under the module_utils directories (Ansible's and the project's): any change scans again;
-- never used for a payload that takes module_utils from a collection (not in that fingerprint) or with the
-  debugger extension (it needs the scan's source mapping);
+  mtime of every file under the module_utils directories (Ansible's, configured ones, and every collection's
+  plugins/module_utils on the collection paths - llmfleet.fleet's package among them): any change scans again;
+- never used for a payload that takes module_utils from a collection outside those paths (not in that
+  fingerprint) or with the debugger extension (it needs the scan's source mapping);
 - in a directory private to the user (0700, owned by them, else not used), written atomically;
 - when ansible-core's internals differ from what this expects, it does nothing and Ansible scans as always.
 
@@ -91,8 +92,15 @@ class _Recorder:
         return getattr(self._zf, name)
 
 
-def wrap(finder, module_utils_dirs, make_zinfo, metadata_v1):
-    """recursive_finder with the cache; module_utils_dirs() lists the directories the fingerprint covers."""
+def _collection_of(arcname: str) -> str | None:
+    """'ns.name' of a payload entry that comes from a collection, else None."""
+    parts = arcname.split("/")
+    return ".".join(parts[1:3]) if parts[0] == "ansible_collections" and len(parts) > 3 else None
+
+
+def wrap(finder, module_utils_dirs, make_zinfo, metadata_v1, covered=set):
+    """recursive_finder with the cache; module_utils_dirs() lists the directories the fingerprint covers, and
+    covered() the collections ('ns.name') whose module_utils are among them."""
     state: dict = {}
 
     def cached_finder(name, module_fqn, module_data, zf, date_time, extension_manager):
@@ -121,7 +129,8 @@ def wrap(finder, module_utils_dirs, make_zinfo, metadata_v1):
             return metadata_v1(serialization_profile=profile)
         recorder = _Recorder(zf)
         metadata = finder(name, module_fqn, module_data, recorder, date_time, extension_manager)
-        if type(metadata) is metadata_v1 and not any(a.startswith("ansible_collections/") for a, _ in recorder.entries):
+        from_collections = {c for c in map(_collection_of, (a for a, _ in recorder.entries)) if c}
+        if type(metadata) is metadata_v1 and from_collections <= covered():
             doc = {
                 "serialization_profile": metadata.serialization_profile,
                 "entries": [[a, base64.b64encode(d).decode()] for a, d in recorder.entries],
@@ -134,6 +143,26 @@ def wrap(finder, module_utils_dirs, make_zinfo, metadata_v1):
 
     cached_finder.llmfleet_cached = True
     return cached_finder
+
+
+def collection_utils() -> dict:
+    """{'ns.name': its plugins/module_utils} for the collections on the collection paths (first one wins,
+    as the collection loader's search)."""
+    try:
+        from ansible.utils.collection_loader import AnsibleCollectionConfig
+
+        paths = list(AnsibleCollectionConfig.collection_paths or [])
+    except (ImportError, AttributeError):
+        return {}
+    found = {}
+    for top in paths:
+        base = os.path.join(top, "ansible_collections")
+        for ns in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+            for name in sorted(os.listdir(os.path.join(base, ns))) if os.path.isdir(os.path.join(base, ns)) else []:
+                utils = os.path.join(base, ns, name, "plugins", "module_utils")
+                if os.path.isdir(utils):
+                    found.setdefault(f"{ns}.{name}", utils)
+    return found
 
 
 def install() -> None:
@@ -151,9 +180,10 @@ def install() -> None:
         return
 
     def module_utils_dirs():
-        return [p for p in mu_loader._get_paths(subdirs=False) if os.path.isdir(p)] + [mu_path]
+        loader = [p for p in mu_loader._get_paths(subdirs=False) if os.path.isdir(p)]
+        return [*loader, mu_path, *sorted(collection_utils().values())]
 
-    mc.recursive_finder = wrap(finder, module_utils_dirs, make_zinfo, metadata_v1)
+    mc.recursive_finder = wrap(finder, module_utils_dirs, make_zinfo, metadata_v1, lambda: set(collection_utils()))
 
 
 class CallbackModule(CallbackBase):

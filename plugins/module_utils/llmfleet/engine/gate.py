@@ -527,6 +527,10 @@ class Gate:
         self.final_kind = "bad answer"
         self.no_transfer = 0
         self.kv: dict[str, Any] | None = None
+        # Where the time between a node's READY and the first correct answer goes: every API attempt (port,
+        # models, answer; kept from the first port probe on) and how long each round of SSH polls took.
+        self.attempts: list[dict[str, Any]] = []
+        self.poll_s: list[float] = []
 
     @property
     def wrong_answers(self) -> int:
@@ -556,7 +560,9 @@ class Gate:
             while True:
                 now = time.time()
                 all_active = True
-                for node, probe in self._poll_all(pool):
+                polled = self._poll_all(pool)
+                self.poll_s.append(time.time() - now)
+                for node, probe in polled:
                     node.state = probe
                     why = judge_node(node, probe, self.unreachable_after)
                     if why and node.failed_at is None:
@@ -618,18 +624,35 @@ class Gate:
             return None
         return self._endpoint_check(self.api, kv=self.router is not None)
 
+    def _attempt(self, ep: Endpoint, step: str, at: float, ok: bool, why: str | None) -> None:
+        # Port probes before the port opens are one entry each poll for minutes: keep the last few only.
+        if step == "port" and not ok and self.attempts and self.attempts[-1]["step"] == "port":
+            self.attempts[-1].update(at=at, tries=self.attempts[-1].get("tries", 1) + 1)
+            return
+        entry = {"api": ep.name, "step": step, "at": at, "s": round(time.time() - at, 3), "ok": ok}
+        if why:
+            entry["why"] = why
+        self.attempts.append(entry)
+
     def _final(self, why: str, node: Node, kind: str = "bad answer") -> None:
         self.final_problem, self.final_node, self.final_kind = why, node, kind
 
     def _endpoint_check(self, ep: Endpoint, kv: bool = False) -> str | None:
         """Port, then /v1/models, then the answer; each step once it passed (an instance's answer once)."""
         label = f"{ep.name}: " if self.router else ""
-        if "port_open" not in ep.events and port_open(ep.host, ep.port):
-            ep.events["port_open"] = time.time()
+        if "port_open" not in ep.events:
+            t = time.time()
+            is_open = port_open(ep.host, ep.port)
+            self._attempt(ep, "port", t, is_open, None if is_open else "not open")
+            if is_open:
+                ep.events["port_open"] = time.time()
         if "port_open" in ep.events and "models_listed" not in ep.events:
+            t = time.time()
             code, resp = http("GET", f"{ep.base}/v1/models", None, self.api_key, 10)
             ids = [m.get("id") for m in resp.get("data", [])] if isinstance(resp, dict) else []
-            if code == 200 and self.model in ids:
+            listed = code == 200 and self.model in ids
+            self._attempt(ep, "models", t, listed, None if listed else f"HTTP {code}")
+            if listed:
                 ep.events["models_listed"] = time.time()
             else:
                 self.last_problem = f"{label}/v1/models: HTTP {code}, ids {ids or str(resp)[:200]}"
@@ -640,7 +663,9 @@ class Gate:
         before = self._kv_read() if kv else None
         if kv and before is None:
             return None  # a decode instance's /metrics could not be read, or lacks the metric (final)
+        t = time.time()
         chk = chat_check(ep.base, self.model, self.prompt, self.expect, api_key=self.api_key, timeout=120)
+        self._attempt(ep, "answer", t, chk["ok"], None if chk["ok"] else chk["why"][:200])
         if not chk["ok"]:
             self.last_problem = label + chk["why"]
             # A refused request, or the same wrong answer three times in a row, will not fix itself.
@@ -724,6 +749,7 @@ class Gate:
                 "unit_start": st.get("started_at"),
                 "weights_loaded": phases.get("loaded"),
                 "node_ready": st.get("ready_at"),
+                "gate_saw_active": n.ready_seen_at,  # the SSH poll that first found the unit active
             }
             if st.get("started_at"):
                 starts.append(st["started_at"])
@@ -731,10 +757,15 @@ class Gate:
         base = min(starts) if starts else t0
         rel = {k: round(v - base, 2) for k, v in self.events.items()}
         for row in nodes.values():
-            for k in ("unit_start", "weights_loaded", "node_ready"):
+            for k in ("unit_start", "weights_loaded", "node_ready", "gate_saw_active"):
                 if isinstance(row[k], (int, float)):
                     row[k] = round(row[k] - base, 2)
         out = {"t0": base, "nodes": nodes, "head": rel}
+        out["attempts"] = [dict(a, at=round(a["at"] - base, 2)) for a in self.attempts]
+        if self.poll_s:
+            polls = sorted(self.poll_s)
+            out["polls"] = {"count": len(polls), "median_s": round(polls[len(polls) // 2], 3),
+                            "max_s": round(polls[-1], 3)}  # fmt: skip
         if self.instances:
             out["instances"] = {ep.name: {k: round(v - base, 2) for k, v in ep.events.items()} for ep in self.instances}
         return out
