@@ -68,7 +68,7 @@ class ActionModule(ActionBase):
         except OSError as e:
             raise AnsibleActionFail(f"cannot pack the runtime package: {e}") from None
         args["archive_sha256"] = hashlib.sha256(archive).hexdigest()
-        res = self._execute_module("llmfleet_runtime", module_args=args, task_vars=task_vars)
+        res = self._execute_module("llmfleet.fleet.llmfleet_runtime", module_args=args, task_vars=task_vars)
         if res.pop("needs_archive", False) and not res.get("failed"):
             first = res.get("changed_paths", [])
             try:
@@ -76,7 +76,7 @@ class ActionModule(ActionBase):
                 remote = self._connection._shell.join_path(tmpdir, "llmfleet-runtime.tar.gz")
                 self._transfer_data(remote, archive)
                 self._fixup_perms2((tmpdir, remote))
-                res = self._execute_module("llmfleet_runtime", module_args={**args, "archive": remote},
+                res = self._execute_module("llmfleet.fleet.llmfleet_runtime", module_args={**args, "archive": remote},
                                            task_vars=task_vars)  # fmt: skip
             finally:
                 self._remove_tmp_path(self._connection._shell.tmpdir)
