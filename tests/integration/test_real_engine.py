@@ -25,7 +25,7 @@ UNIT = "llmfleet-real.service"
 NODES = ("node1", "node2")
 RECORD = "/var/lib/llmfleet/engine/real/termination.json"
 STATUS = "/var/lib/llmfleet/engine/real/status.json"
-HEALTH = {"interval": 5, "timeout": 10, "failures": 2}
+HEALTH = {"interval": 5, "timeout": 5, "failures": 2}
 
 
 def real_vars(**more):
@@ -72,7 +72,8 @@ def real_vars(**more):
         "engine_start_timeout": 600,
         "engine_restart_sec": 2,
         # Serving health, with shorter intervals than the defaults (30 s, 20 s, 3): every test below runs under
-        # the probe (acceptance, the bench tool's load), and a hang is found within 5 x 2 + 10 = 20 s.
+        # the probe (acceptance, the bench tool's load), and a hang is found within 5 x 2 + 5 = 15 s (the bound needs
+        # timeout <= interval: one probe at a time, so a longer timeout pushes the next probe out).
         "engine_health_interval": HEALTH["interval"],
         "engine_health_timeout": HEALTH["timeout"],
         "engine_health_failures": HEALTH["failures"],
@@ -253,7 +254,7 @@ def test_a_healthy_real_deployment_is_never_restarted_by_its_probe(real, reports
 
 def test_a_real_engine_core_stopped_while_serving_is_found_and_healed(real, reports, tmp_path):
     """SIGSTOP vLLM's engine core on the head after the gate: alive, its port, /health and /v1/models fine, every
-    generation hangs. The head's probe fails twice in a row (no answer within 10 s), its wrapper stops the engine
+    generation hangs. The head's probe fails twice in a row (no answer within 5 s), its wrapper stops the engine
     (exit 69, unhealthy-while-serving), the link stops node2 (75, naming node1), systemd restarts both, it answers
     703 again, and `status` and `why` say what happened."""
     lab = real
