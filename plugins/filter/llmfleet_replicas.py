@@ -1,0 +1,58 @@
+"""Replicas behind the engine's own router (llmfleet.engine.replicas): the fleet contract's check of
+llmfleet_replicas, the engine role's expansion of it into one deployment per replica, and the router's argv."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+
+def llmfleet_replicas_problem(replicas, shape) -> str:
+    """'' when llmfleet_replicas can be placed on the nodes, else every problem (replica, node, fix). shape:
+    deployment, nodes, tp, pp, gpus_per_node, port (llmfleet.engine.replicas.expand)."""
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine import replicas as r
+
+    try:
+        r.expand(replicas, shape)
+    except r.ReplicaError as e:
+        return str(e)
+    return ""
+
+
+def llmfleet_replicas(replicas, shape) -> list:
+    """Each replica as the engine role launches it: {index, name, deployment, nodes, gpus, port}."""
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine import replicas as r
+
+    try:
+        return r.expand(replicas, shape)
+    except r.ReplicaError as e:
+        raise AnsibleFilterError(str(e)) from None
+
+
+def llmfleet_replica_router_argv(spec) -> list:
+    """The replicas' router argv (vllm-router or sglang-router) from the role's router spec."""
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine import replicas as r
+
+    try:
+        return r.router_argv(spec)
+    except r.ReplicaError as e:
+        raise AnsibleFilterError(str(e)) from None
+
+
+def llmfleet_replica_router_kind(router, engine) -> str:
+    """engine_replica_router, or the engine's own router."""
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine import replicas as r
+
+    try:
+        return r.router_kind(router, engine)
+    except r.ReplicaError as e:
+        raise AnsibleFilterError(str(e)) from None
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {
+            "llmfleet_replicas_problem": llmfleet_replicas_problem,
+            "llmfleet_replicas": llmfleet_replicas,
+            "llmfleet_replica_router_argv": llmfleet_replica_router_argv,
+            "llmfleet_replica_router_kind": llmfleet_replica_router_kind,
+        }

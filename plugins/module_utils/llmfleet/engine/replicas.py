@@ -1,0 +1,206 @@
+"""Replicas: one deployment served by several TP x PP instances behind the engine's own router.
+
+The inventory's llmfleet_replicas lists them; each replica runs as a deployment of its own, named
+<deployment>-<replica> (its unit, claim, deployment link, gate and heal are that deployment's: a replica is
+the fault domain), and a router unit of the base deployment's name routes to all of them. This module holds
+the one rule for the shape (the fleet contract checks it, the engine role expands it) and the router's argv.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..facts import deployment_problem
+from .command import PlanError, check_layout
+from .gpuset import GpuSetError, resolve
+
+KEYS = ("name", "nodes", "gpus", "port")
+ROUTERS = ("vllm-router", "sglang-router")
+# The router each engine ships (the simulator stands in for either engine; vllm-router routes to both).
+ROUTER_OF_ENGINE = {"vllm": "vllm-router", "sglang": "sglang-router"}
+
+
+class ReplicaError(ValueError):
+    """An llmfleet_replicas the fleet cannot place; the message names the replica, the node and the fix."""
+
+
+def _int(v: Any, default: int = 0) -> int:
+    try:
+        return int(v) if v not in (None, "") else default
+    except (TypeError, ValueError):
+        return default
+
+
+def expand(replicas: Any, shape: Mapping) -> list[dict]:
+    """Each replica as the engine role launches it: {index, name, deployment, nodes, gpus, port}.
+
+    replicas: llmfleet_replicas, a list of {name, nodes, gpus (optional, the GPU indexes each of its nodes gives
+    it, as llmfleet_gpus), port (optional, its API port; the engine's port otherwise)}. shape: deployment, nodes
+    (the hosts of llmfleet_nodes), tp, pp, gpus_per_node, port (the API port every replica uses unless it names
+    its own). Raises ReplicaError listing every problem, each naming the replica, the node and the fix."""
+    if not isinstance(replicas, list) or not replicas:
+        raise ReplicaError(
+            f"llmfleet_replicas={replicas!r} is not a list of replicas: give a list such as "
+            "[{name: r0, nodes: [node1, node2]}, {name: r1, nodes: [node3, node4]}], or leave it out (one instance)"
+        )
+    group = [str(n) for n in shape.get("nodes") or []]
+    problems: list[str] = []
+    out: list[dict] = []
+    names: list[str] = []
+    for i, r in enumerate(replicas):
+        one = _replica(i, r, shape, group, problems)
+        if one is None:
+            continue
+        if one["name"] in names:
+            problems.append(f"replica {one['name']}: the name is used twice in llmfleet_replicas: give each its own")
+        names.append(one["name"])
+        out.append(one)
+    problems += _sharing_problems(out)
+    placed = {n for r in out for n in r["nodes"]}
+    idle = [n for n in group if n not in placed]
+    if idle and not problems:
+        problems.append(
+            f"{', '.join(idle)} in llmfleet_nodes but in no replica: add each to a replica's nodes, or take it out "
+            "of the group"
+        )
+    if problems:
+        raise ReplicaError("llmfleet_replicas: " + "; ".join(problems) + ".")
+    return out
+
+
+def _replica(i: int, r: Any, shape: Mapping, group: list, problems: list) -> dict | None:
+    """One replica checked (its problems appended), or None when it has no name or nodes to go on with."""
+    if not isinstance(r, Mapping):
+        problems.append(f"llmfleet_replicas[{i}]={r!r} is not a mapping: give {{name: r{i}, nodes: [...]}}")
+        return None
+    label = f"replica {r.get('name', f'#{i}')!s}"
+    extra = sorted(str(k) for k in r if k not in KEYS)
+    if extra:
+        problems.append(f"{label}: unknown key {', '.join(extra)} (a replica has {', '.join(KEYS)})")
+    name = r.get("name")
+    if not isinstance(name, str) or not name:
+        problems.append(f"llmfleet_replicas[{i}] has no name: give it one such as r{i}")
+        return None
+    derived = f"{shape.get('deployment')}-{name}"
+    bad = deployment_problem(derived, "its deployment")
+    if bad:
+        problems.append(f"{label}: {bad} (<llmfleet_deployment>-<replica name>): shorten or rename the replica")
+    rnodes = r.get("nodes")
+    if not isinstance(rnodes, list) or not rnodes or not all(isinstance(n, str) and n for n in rnodes):
+        problems.append(f"{label}: nodes={rnodes!r} is not a list of node names: list the hosts it runs on")
+        return None
+    dup = sorted({n for n in rnodes if rnodes.count(n) > 1})
+    if dup:
+        problems.append(f"{label} names {', '.join(dup)} twice: a replica runs once per node")
+    outside = [n for n in rnodes if n not in group]
+    if outside:
+        problems.append(
+            f"{label}: {', '.join(outside)} not in llmfleet_nodes: add the host to the group or take it out of "
+            "the replica"
+        )
+    gpus = r.get("gpus") or []
+    if not isinstance(gpus, list):
+        problems.append(f"{label}: gpus={gpus!r} is not a list of GPU indexes (as llmfleet_gpus)")
+        gpus = []
+    # One spelling per GPU, so that "1" and 1 on two replicas are seen as the same GPU.
+    gpus = [int(g) if isinstance(g, str) and g.isdigit() else g for g in gpus]
+    gpn = _int(shape.get("gpus_per_node"))
+    try:
+        rpn = check_layout(_int(shape.get("tp"), 1), _int(shape.get("pp"), 1), len(set(rnodes)), gpn or None)
+        resolve(gpus, gpn, None, rpn)
+    except (PlanError, GpuSetError) as e:
+        problems.append(f"{label} ({len(set(rnodes))} nodes): {e}")
+    if r.get("port") not in (None, "") and not 0 < _int(r.get("port"), -1) < 65536:
+        problems.append(f"{label}: port={r.get('port')!r} is not a TCP port (1-65535)")
+    port = _int(r.get("port"), _int(shape.get("port")))
+    return {"index": i, "name": name, "deployment": derived, "nodes": list(rnodes), "gpus": gpus, "port": port}
+
+
+def _sharing_problems(replicas: list[dict]) -> list[str]:
+    """Replicas that share a node: each single-node (a multi-node replica owns its nodes: its rendezvous and link
+    ports are the engine's), on disjoint GPUs named in gpus, on distinct API ports."""
+    problems: list[str] = []
+    on: dict[str, list[dict]] = {}
+    for r in replicas:
+        for n in r["nodes"]:
+            on.setdefault(n, []).append(r)
+    for node, rs in on.items():
+        if len(rs) < 2:
+            continue
+        names = ", ".join(r["name"] for r in rs)
+        multi = [r["name"] for r in rs if len(r["nodes"]) > 1]
+        if multi:
+            problems.append(
+                f"{node} holds replicas {names}, and {', '.join(multi)} spans several nodes: a multi-node replica "
+                "owns its nodes; give it nodes of its own, or make the replicas that share a node single-node"
+            )
+            continue
+        whole = [r["name"] for r in rs if not r["gpus"]]
+        if whole:
+            problems.append(
+                f"{node} holds replicas {names}, and {', '.join(whole)} names no gpus (the whole node): give each "
+                "replica on a shared node its own gpus"
+            )
+        else:
+            owner: dict[int, str] = {}
+            for r in rs:
+                for g in r["gpus"]:
+                    if g in owner:
+                        problems.append(
+                            f"{node}: GPU {g} is in replicas {owner[g]} and {r['name']}: give each disjoint gpus"
+                        )
+                    owner.setdefault(g, r["name"])
+        ports: dict[int, str] = {}
+        for r in rs:
+            if r["port"] in ports:
+                problems.append(
+                    f"{node}: replicas {ports[r['port']]} and {r['name']} would both listen on port {r['port']}: "
+                    "give each replica on a shared node its own port"
+                )
+            ports.setdefault(r["port"], r["name"])
+    return problems
+
+
+def router_kind(router: Any, engine: Any) -> str:
+    """The router in front of the replicas: engine_replica_router, or the engine's own (vLLM's for a custom engine,
+    which vllm-router routes to as to any OpenAI-compatible server)."""
+    if router:
+        if router not in ROUTERS:
+            raise ReplicaError(f"engine_replica_router={router!r}: use one of {', '.join(ROUTERS)}")
+        return str(router)
+    return ROUTER_OF_ENGINE.get(str(engine or ""), "vllm-router")
+
+
+# How the router checks its workers and retries a request (docs/engine.md): a dead replica leaves the rotation
+# after failure_threshold x interval seconds, and a request that met it meanwhile is retried on another.
+HEALTH = {"interval": 2, "timeout": 2, "failures": 2, "successes": 2}
+
+
+def router_argv(spec: Mapping) -> list[str]:
+    """The replicas' router argv. spec: kind (vllm-router | sglang-router), command (its executable; [] = the
+    kind's name), host, port, urls (each replica's head API, as the router reaches it), startup_timeout,
+    extra_args."""
+    kind = str(spec.get("kind") or "vllm-router")
+    if kind not in ROUTERS:
+        raise ReplicaError(f"engine_replica_router={kind!r}: use one of {', '.join(ROUTERS)}")
+    command = [str(c) for c in spec.get("command") or []] or [kind]
+    urls = [str(u) for u in spec.get("urls") or []]
+    if not urls:
+        raise ReplicaError("the replicas' router has no worker: llmfleet_replicas lists no replica")
+    port = _int(spec.get("port"))
+    if not 0 < port < 65536:
+        raise ReplicaError(f"engine_replica_router_port={spec.get('port')!r} is not a TCP port (1-65535)")
+    argv = [*command, *(["launch"] if kind == "sglang-router" and command == [kind] else [])]
+    argv += ["--host", str(spec.get("host") or "127.0.0.1"), "--port", str(port), "--worker-urls", *urls]
+    argv += ["--policy", "round_robin"]
+    argv += ["--health-check-interval-secs", str(HEALTH["interval"]), "--health-check-timeout-secs",
+             str(HEALTH["timeout"]), "--health-failure-threshold", str(HEALTH["failures"]),
+             "--health-success-threshold", str(HEALTH["successes"])]  # fmt: skip
+    # The metrics listener: on the router's own address (both routers default to a port of their own).
+    argv += ["--prometheus-host", str(spec.get("host") or "127.0.0.1")]
+    timeout = _int(spec.get("startup_timeout"))
+    argv += ["--worker-startup-timeout-secs", str(timeout)] if timeout else []
+    argv += ["--worker-startup-check-interval", "2"]
+    return argv + [str(a) for a in spec.get("extra_args") or []]
