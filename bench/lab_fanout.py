@@ -39,7 +39,12 @@ def measure(n: int, lab: Lab) -> dict:
     lab.up(n)
     up = time.monotonic() - t0
     inv = str(lab.state / "inventory")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="0")
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_INVENTORY=str(ROOT / "inventory" / "lab"),
+        ANSIBLE_DEPRECATION_WARNINGS="0",
+    )
     # As a site runs it: the operator account, root through sudo (the lab nodes have `ops`, tests/lab/node-init.sh).
     base = ["-i", inv, "-e", "ansible_user=ops", "-e", "ansible_become=true",
             "-e", "ansible_python_interpreter=/usr/bin/python3"]  # fmt: skip

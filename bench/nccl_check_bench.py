@@ -25,7 +25,12 @@ BIN = Path(sys.executable).parent
 
 
 def play(*args: str) -> tuple[float, int, str]:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{BIN}:{os.environ['PATH']}")
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_INVENTORY=str(ROOT / "inventory" / "lab"),
+        PATH=f"{BIN}:{os.environ['PATH']}",
+    )
     t0 = time.monotonic()
     cp = subprocess.run([str(BIN / "ansible-playbook"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
                         check=False)  # fmt: skip

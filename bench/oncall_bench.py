@@ -43,7 +43,8 @@ def inventory(lab: Lab, n: int, path: Path) -> None:
 
 
 def timed(argv: list[str], ok: tuple[int, ...] = (0,)) -> tuple[float, str]:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="0",
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_INVENTORY=str(ROOT / "inventory" / "lab"),
+               ANSIBLE_DEPRECATION_WARNINGS="0",
                ANSIBLE_SSH_ARGS="-o ControlMaster=no")  # fmt: skip
     t0 = time.monotonic()
     cp = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=300)

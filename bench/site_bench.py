@@ -101,7 +101,8 @@ def main() -> int:
     fd, times = tempfile.mkstemp(prefix="llmfleet-site-bench-", suffix=".jsonl")
     os.close(fd)
     binp = Path(sys.executable).parent
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{binp}:{os.environ['PATH']}",
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_INVENTORY=str(ROOT / "inventory" / "lab"),
+               PATH=f"{binp}:{os.environ['PATH']}",
                ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "bench/callback"), ANSIBLE_CALLBACKS_ENABLED="llmfleet_task_times",
                LLMFLEET_TASK_TIMES=times)  # fmt: skip
     t0 = time.monotonic()

@@ -249,7 +249,12 @@ def bench_fleet(nodes: int, gb: float) -> tuple[str, dict]:
         src = make_revision(lab.shared / "fleet", int(gb * GiB), 16)
         size = sum(f.stat().st_size for f in src.iterdir())
         inv = str(lab.state / "inventory")
-        env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{BIN}:{os.environ['PATH']}")
+        env = dict(
+            os.environ,
+            ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+            ANSIBLE_INVENTORY=str(ROOT / "inventory" / "lab"),
+            PATH=f"{BIN}:{os.environ['PATH']}",
+        )
         base = [
             # As a site runs it: the operator account, root through sudo (the lab nodes have `ops`).
             "-i", inv, "-e", "ansible_user=ops", "-e", "ansible_become=true",

@@ -21,6 +21,8 @@ def ansible_env() -> dict:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the venv's ansible
     env.update(
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        # The lab's inventory, named here: ansible.cfg names none (an operator's forgotten -i must not reach a fleet).
+        ANSIBLE_INVENTORY=env.get("ANSIBLE_INVENTORY", str(ROOT / "inventory" / "lab")),
         # Private to this user (see the Makefile), never a predictable path in /tmp.
         ANSIBLE_HOME=env.get("ANSIBLE_HOME", str(Path.home() / ".cache/llmfleet/ansible")),
         ANSIBLE_FORCE_COLOR="0",

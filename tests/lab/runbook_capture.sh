@@ -4,7 +4,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-export PATH=$ROOT/.venv/bin:$PATH ANSIBLE_CONFIG=$ROOT/ansible.cfg
+export PATH=$ROOT/.venv/bin:$PATH ANSIBLE_CONFIG=$ROOT/ansible.cfg ANSIBLE_INVENTORY=$ROOT/inventory/lab
 O=${1:?usage: runbook_capture.sh OUTDIR}
 mkdir -p "$O"
 SSHCFG=$(python -c 'from tests.lab import labctl; print(labctl.default_lab().ssh_config)')
