@@ -1,5 +1,5 @@
 """Documentation fragment: the options that say where a model revision comes from on shared storage and how
-many nodes may read it at once (M(llmfleet_model_manifest) and M(llmfleet_model_stage) read the same source)."""
+many nodes may read it at once (M(llmfleet.fleet.llmfleet_model_manifest) and M(llmfleet.fleet.llmfleet_model_stage) read the same source)."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ attributes:
   check_mode:
     support: full
     details: Reports the fingerprint and which directories would be created, chowned or removed.
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

@@ -64,7 +64,7 @@ options:
 attributes:
   check_mode:
     details: Runs the engine's help in check mode too; reads the help cache then, never writes it.
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""
@@ -119,7 +119,7 @@ def argument_spec() -> dict:
         "argv": {"type": "list", "elements": "str", "required": True},
         "timeout": {"type": "float", "default": 300},
         "cache_dir": {"type": "path", "default": ""},
-        "cache_key": {"type": "str", "default": ""},
+        "cache_key": {"type": "str", "default": "", "no_log": False},  # a fingerprint, not a secret
         "run_as": {"type": "str", "default": ""},
     }
 

@@ -55,7 +55,7 @@ options:
   engine_python:
     description: The engine's Python, checked with I(engine_user).
     type: path
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

@@ -139,7 +139,7 @@ options:
   progress_path:
     description:
       - A JSON file the gate rewrites on every poll with each unit's state and start-up phase and the API's last
-        problem, for progress lines while it runs as an async job (M(llmfleet_job_wait) with C(progress=gate)). Put
+        problem, for progress lines while it runs as an async job (M(llmfleet.fleet.llmfleet_job_wait) with C(progress=gate)). Put
         it in a private directory; it is written as C(<path>.tmp) and renamed. With I(detach) and no path, the
         job's own, beside its job file in the private job directory (returned as C(progress_path); the wait removes it).
     type: path
@@ -151,7 +151,7 @@ attributes:
   check_mode:
     support: partial
     details: In check mode nothing is polled or stopped; the module returns C(ready=false) and C(skipped_in_check_mode=true).
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""
@@ -210,15 +210,15 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ansible_job_id:
-  description: The detached job's id, for M(llmfleet_job_wait).
+  description: The detached job's id, for M(llmfleet.fleet.llmfleet_job_wait).
   returned: when I(detach) is true, not in check mode
   type: str
 results_file:
-  description: The detached job's file (async_wrapper's format) that M(llmfleet_job_wait) reads.
+  description: The detached job's file (async_wrapper's format) that M(llmfleet.fleet.llmfleet_job_wait) reads.
   returned: when I(detach) is true, not in check mode
   type: str
 progress_path:
-  description: The progress file the detached gate rewrites, for M(llmfleet_job_wait) with C(progress=gate).
+  description: The progress file the detached gate rewrites, for M(llmfleet.fleet.llmfleet_job_wait) with C(progress=gate).
   returned: when I(detach) is true, not in check mode
   type: str
 started:

@@ -21,7 +21,7 @@ description:
   - Every request ends by I(timeout), the whole run by I(deadline); a request error or deadline fails its cell,
     and the module fails naming the cells unless I(fail_on_error=false).
   - Meant to run on the head node against the engine's local endpoint (the role's C(node_url)), after
-    M(llmfleet_engine_ready); stdlib only. See docs/warmup.md.
+    M(llmfleet.fleet.llmfleet_engine_ready); stdlib only. See docs/warmup.md.
   - C(changed) is always false - nothing the role manages changes (only the engine's in-memory caches).
 extends_documentation_fragment:
   - llmfleet.fleet.llmfleet_check_mode
@@ -74,7 +74,7 @@ attributes:
   check_mode:
     support: partial
     details: In check mode nothing is sent; the module returns C(skipped_in_check_mode=true) and the C(planned) cells.
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""
@@ -204,7 +204,7 @@ def argument_spec() -> dict:
         "api_key": {"type": "str", "no_log": True},
         "lengths": {"type": "list", "elements": "int", "required": True},
         "concurrency": {"type": "list", "elements": "int", "default": [1]},
-        "max_tokens": {"type": "int", "default": DEFAULTS["max_tokens"]},
+        "max_tokens": {"type": "int", "default": DEFAULTS["max_tokens"], "no_log": False},  # a count, not a secret
         "rounds": {"type": "int", "default": DEFAULTS["rounds"]},
         "timeout": {"type": "float", "default": DEFAULTS["timeout"]},
         "deadline": {"type": "float", "default": DEFAULTS["deadline"]},

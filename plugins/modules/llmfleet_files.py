@@ -66,7 +66,7 @@ attributes:
   diff_mode:
     description: The old and new content of every file that changes (would change).
     support: full
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

@@ -36,7 +36,7 @@ options:
   results_file:
     description: >-
       The job's status file on the node, as the task that started it returned it (C(results_file)) - for a job a module
-      detached itself (M(llmfleet_nccl_check) with C(detach=true)); without it, I(jid) in the async directory.
+      detached itself (M(llmfleet.fleet.llmfleet_nccl_check) with C(detach=true)); without it, I(jid) in the async directory.
     type: str
   what:
     description: What the job does, for the progress and timeout lines (e.g. C(single-node NCCL worlds)).
@@ -49,8 +49,8 @@ options:
     type: path
   progress:
     description: >-
-      How to read I(progress_path) - C(stage) (M(llmfleet_model_stage)'s progress), C(gate)
-      (M(llmfleet_engine_ready)'s progress) - or C(none) (no progress file).
+      How to read I(progress_path) - C(stage) (M(llmfleet.fleet.llmfleet_model_stage)'s progress), C(gate)
+      (M(llmfleet.fleet.llmfleet_engine_ready)'s progress) - or C(none) (no progress file).
     type: str
     default: none
     choices: [none, stage, gate]
@@ -74,7 +74,7 @@ attributes:
   check_mode:
     support: full
     details: Only reads the job's status and progress file; the async status file is removed once the job has finished.
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

@@ -32,9 +32,9 @@ options:
     required: true
   source:
     description:
-      - What I(record) is - C(stage) (one node's M(llmfleet_model_stage) result), C(nccl_check) (the
+      - What I(record) is - C(stage) (one node's M(llmfleet.fleet.llmfleet_model_stage) result), C(nccl_check) (the
         C(llmfleet_nccl_verdict) result with this node's rank results beside it), C(engine_ready) (the
-        M(llmfleet_engine_ready) result, or the registered loop of them), C(acceptance) (the C(llmfleet accept
+        M(llmfleet.fleet.llmfleet_engine_ready) result, or the registered loop of them), C(acceptance) (the C(llmfleet accept
         --json) report), C(bench) (the C(llmfleet bench) results.json).
     type: str
     choices: [stage, nccl_check, engine_ready, acceptance, bench]
@@ -68,7 +68,7 @@ attributes:
   diff_mode:
     support: full
     details: The old and the new file content.
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

@@ -62,7 +62,7 @@ attributes:
     details: >-
       Never reads file contents (so only sizes and mtimes are checked); reports C(origin='would build') with sizes from
       C(stat) when no manifest exists yet.
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

@@ -30,15 +30,15 @@ extends_documentation_fragment:
   - llmfleet.fleet.llmfleet_model_source
 options:
   source:
-    description: Directory of the revision on shared storage (resolved like M(llmfleet_model_manifest)).
+    description: Directory of the revision on shared storage (resolved like M(llmfleet.fleet.llmfleet_model_manifest)).
     type: path
     required: true
   manifest_path:
-    description: Manifest from M(llmfleet_model_manifest) (not needed in check mode).
+    description: Manifest from M(llmfleet.fleet.llmfleet_model_manifest) (not needed in check mode).
     type: path
   manifest_sha256:
     description:
-      - The manifest's digest as M(llmfleet_model_manifest) returned it (C(manifest_sha256)); the manifest file
+      - The manifest's digest as M(llmfleet.fleet.llmfleet_model_manifest) returned it (C(manifest_sha256)); the manifest file
         read here must have it, so a manifest rewritten on the shared storage between the two tasks is refused.
       - Unset, the file is used as it is.
     type: str
@@ -140,7 +140,7 @@ options:
     type: float
     default: 600
   progress_path:
-    description: JSON progress file written while copying (read by M(llmfleet_job_wait)).
+    description: JSON progress file written while copying (read by M(llmfleet.fleet.llmfleet_job_wait)).
     type: path
   job_timeout:
     description: With I(detach), the job is killed after this many seconds, as an async task's limit would kill it.
@@ -154,7 +154,7 @@ attributes:
   check_mode:
     support: full
     details: Reports the state and the files and bytes that would be copied; touches nothing.
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""
@@ -175,11 +175,11 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ansible_job_id:
-  description: The detached job's id, for M(llmfleet_job_wait).
+  description: The detached job's id, for M(llmfleet.fleet.llmfleet_job_wait).
   returned: when I(detach) is true, not in check mode
   type: str
 results_file:
-  description: The detached job's file on the node (async_wrapper's format) that M(llmfleet_job_wait) reads.
+  description: The detached job's file on the node (async_wrapper's format) that M(llmfleet.fleet.llmfleet_job_wait) reads.
   returned: when I(detach) is true, not in check mode
   type: str
 started:

@@ -179,7 +179,7 @@ attributes:
   check_mode:
     support: partial
     details: In check mode no rank is started; the module returns C(ranks=[]), C(ok=true) and C(skipped_in_check_mode=true).
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""
@@ -225,11 +225,11 @@ then_ok:
   returned: when I(then) is given
   type: bool
 ansible_job_id:
-  description: The detached job's id, for M(llmfleet_job_wait).
+  description: The detached job's id, for M(llmfleet.fleet.llmfleet_job_wait).
   returned: when I(detach) is true
   type: str
 results_file:
-  description: The detached job's file on the node (async_wrapper's format) that M(llmfleet_job_wait) reads.
+  description: The detached job's file on the node (async_wrapper's format) that M(llmfleet.fleet.llmfleet_job_wait) reads.
   returned: when I(detach) is true
   type: str
 started:

@@ -24,7 +24,7 @@ options:
     description: Shared-storage mount point (model source).
     type: path
     default: /mnt/shared
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

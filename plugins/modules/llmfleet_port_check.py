@@ -51,7 +51,7 @@ attributes:
     details:
       - Runs the same in check mode; it changes no managed state. C(mode=listen) still binds the ports for
         I(duration) and writes and removes I(ready_file).
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

@@ -16,11 +16,11 @@ extends_documentation_fragment:
   - llmfleet.fleet.llmfleet_read_only
 options:
   measurements:
-    description: Node -> I(measurements) from M(llmfleet_preflight_info).
+    description: Node -> I(measurements) from M(llmfleet.fleet.llmfleet_preflight_info).
     type: dict
     required: true
   ports:
-    description: "Node -> C({peer: {port: state}}) from M(llmfleet_port_check) probes."
+    description: "Node -> C({peer: {port: state}}) from M(llmfleet.fleet.llmfleet_port_check) probes."
     type: dict
     default: {}
   fabric_ips:
@@ -53,7 +53,7 @@ options:
 attributes:
   check_mode:
     details: Reads only its options; runs the same in check mode.
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

@@ -10,7 +10,7 @@ short_description: Measure GPUs, driver, CUDA, NCCL, HCAs, limits, disk, clock a
 description:
   - Uses nvidia-smi (C(LC_ALL=C), csv) when installed, sysfs, /proc, systemd and chrony/timedatectl; a missing tool
     gives a null value, never an error.
-  - Read-only; returns I(measurements) for M(llmfleet_preflight_evaluate), not C(ansible_facts).
+  - Read-only; returns I(measurements) for M(llmfleet.fleet.llmfleet_preflight_evaluate), not C(ansible_facts).
 extends_documentation_fragment:
   - llmfleet.fleet.llmfleet_check_mode
   - llmfleet.fleet.llmfleet_read_only
@@ -50,7 +50,7 @@ options:
   clock_source:
     description: A file holding C(chronyc tracking) / C(timedatectl timesync-status) output to use instead of running them.
     type: path
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

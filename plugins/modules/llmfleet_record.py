@@ -47,7 +47,7 @@ attributes:
   check_mode:
     support: full
     details: Says whether the record would change and writes nothing (tasks that keep their record in check mode set C(check_mode=false)).
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

@@ -13,7 +13,7 @@ short_description: Install the llmfleet node runtime package (sent only when the
 description:
   - Checks that I(python) is a Python 3.8 or newer; gives I(metrics_dir) to I(metrics_group) with mode 01775; and
     installs the llmfleet package from I(src) into I(lib_dir). Its directories, the C(llmfleet) command and
-    C(runtime.env) are written by M(llmfleet_files) (the base role runs both).
+    C(runtime.env) are written by M(llmfleet.fleet.llmfleet_files) (the base role runs both).
   - The package is packed on the ops host into a deterministic archive (sorted names, fixed times, root owners),
     without the ops host's tools (its C(accept), C(oncall) and C(report) subpackages) - on a node,
     C(llmfleet status) and the other on-call, report and acceptance commands say they run on the ops host.
@@ -57,7 +57,7 @@ attributes:
   check_mode:
     description: Says what would change and changes nothing; the archive is not sent.
     support: full
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""

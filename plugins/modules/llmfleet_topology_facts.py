@@ -52,7 +52,7 @@ attributes:
     description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
     details: Sets C(ansible_facts.llmfleet_topology).
-author: llmfleet developers
+author: llmfleet developers (@llmfleet)
 """
 
 EXAMPLES = r"""
