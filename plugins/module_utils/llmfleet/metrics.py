@@ -148,7 +148,7 @@ RENAMED = {
 # increase() sees the first of each.
 VERDICTS = (
     "clean-stop", "stop-timeout", "exit-code", "unrequested-exit-0", "peer-failed", "deployment-stopped",
-    "link-failed", "core-dump", "oom-kill", "signal", "exec-failed", "unhealthy-while-serving",
+    "link-failed", "core-dump", "oom-kill", "signal", "exec-failed", "unhealthy-while-serving", "rank-died",
 )  # fmt: skip
 ACCEPT_VERDICTS = ("pass", "fail", "not-supported", "not-configured", "skipped")  # accept_checks.VERDICTS
 BENCH_STATUSES = ("OK", "FAILED", "NOT_EXECUTED")  # servebench

@@ -77,6 +77,15 @@ def rank_of(line: str) -> dict[str, int | None] | None:
     return None
 
 
+def dead_rank(line: str) -> int | None:
+    """The rank an error line reports dead (``Worker proc VllmWorker-1 died unexpectedly``, from vLLM's executor), or
+    None. During start-up vLLM's engine core logs it, shuts its executor down and then waits for ever."""
+    if not is_error_line(line):
+        return None
+    m = _VLLM_DEAD_WORKER.search(line)
+    return int(m.group(1)) if m else None
+
+
 def log_level(line: str) -> str | None:
     """The level a line was logged at (``INFO``, ``WARNING``, ``ERROR``, glog's ``W``/``E``...), None when the line's
     format carries none (SGLang, tracebacks, raw prints)."""

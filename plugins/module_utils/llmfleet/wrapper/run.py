@@ -36,6 +36,7 @@ from ..engine.logobserver import (
     PHASES,
     PROGRESS_PATTERN,
     LogObserver,
+    dead_rank,
     is_error_line,
     log_level,
     rank_of,
@@ -91,7 +92,7 @@ __all__ = [  # what other modules and tests import from here (the names the wrap
     "EXTEND_EVERY_S", "FORWARDED_SIGNALS", "LEFTOVER_WAIT_S", "LINE_KEEP", "MAX_LINE", "MIN_SECRET_PART",
     "PHASES", "PHASE_PATTERNS", "POLL_S", "PROGRESS_PATTERN", "READER_JOIN_S", "RECORD_KEEP", "RECORD_KEYS",
     "REDACTED", "SCHEMA", "STOP_SIGNALS", "LogObserver", "Notifier", "Redactor", "SetupError", "Wrapper",
-    "build_parser", "decide", "is_error_line", "log_level", "main", "oom_counter_file", "parse_secret_specs",
+    "build_parser", "dead_rank", "decide", "is_error_line", "log_level", "main", "oom_counter_file", "parse_secret_specs",
     "pids_in_group", "rank_of", "read_credential", "read_oom_counters", "rotate", "secret_forms", "signal_name",
     "unit_of", "write_json_atomic",
 ]  # fmt: skip
@@ -133,6 +134,7 @@ class Wrapper:
         self.health: HealthProbe | None = None
         self.health_key: str | None = None
         self.unhealthy: dict | None = None  # the probe's snapshot when it stopped the engine
+        self.rank_died: dict | None = None  # the engine's own line naming a rank dead during start-up (then stopped)
 
     # ---- setup
 
@@ -179,6 +181,12 @@ class Wrapper:
             self._write_status()
         if ev["progress"]:
             self._extend()
+        if not self.obs.ready and self.rank_died is None and not self.engine.stop_requested:
+            rank = dead_rank(text)
+            if rank is not None:  # vLLM's engine core would wait for it until systemd's start timeout
+                self.rank_died = {"rank": rank, "line": self.redact.text(text[:LINE_KEEP]), "at": time.time()}
+                err(f"rank {rank} died during start-up; stopping the engine, which would wait for it")
+                self.engine.request_stop()
         if ev["ready"]:
             self.notifier.send("READY=1", f"STATUS=ready: engine phase {self.obs.phase_name()}")
             self._write_status()
@@ -195,13 +203,14 @@ class Wrapper:
         """The first stop request (main thread, after the engine set its stop deadline)."""
         if self.health is not None:
             self.health.close()  # a probe in flight ends now: it never delays a stop
-        if self.unhealthy is not None:
-            self.notifier.send("STOPPING=1", "STATUS=stopping: unhealthy while serving")
+        failure = self._unhealthy_reason() if self.unhealthy else self._rank_died_reason() if self.rank_died else None
+        if failure:
+            self.notifier.send("STOPPING=1", f"STATUS=stopping: {failure[:200]}")
             if self.link is not None:  # a failure, not a request: every node stops, and systemd restarts them
-                self.link.engine_ended(True, self._unhealthy_reason())
+                self.link.engine_ended(True, failure)
         else:
             self.notifier.send("STOPPING=1", f"STATUS=stopping ({signal_name(self.engine.stop_signal)})")
-        if self.link is not None and self.link_stop is None and self.unhealthy is None:
+        if self.link is not None and self.link_stop is None and not failure:
             # asked here (systemd): the deployment stops with it
             self.link.local_stop(f"stop requested ({signal_name(self.engine.stop_signal)})")
         with self.lock:
@@ -243,6 +252,10 @@ class Wrapper:
         a = self.args
         return (f"hung while serving: {snap.get('failures_in_row')} health probes in a row failed "
                 f"(every {a.health_interval:g} s, {a.health_timeout:g} s each); last: {last}")  # fmt: skip
+
+    def _rank_died_reason(self) -> str:
+        r = self.rank_died or {}
+        return f"rank {r.get('rank')} died during start-up: {r.get('line', '')[:300]}"
 
     def _on_unhealthy(self, snap: dict) -> None:
         """N failures in a row (the probe's thread): stop the engine's group as on a stop request."""
@@ -491,6 +504,9 @@ class Wrapper:
         if self.unhealthy is not None:  # the probe asked for the stop: whatever the engine did on SIGTERM
             code, verdict = EXIT_UNHEALTHY, "unhealthy-while-serving"
             reason = f"{self._unhealthy_reason()}; the engine was stopped ({reason})"
+        elif self.rank_died is not None:  # its engine would have waited for the dead rank: a failure to restart
+            code, verdict = EXIT_UNREQUESTED, "rank-died"
+            reason = f"{self._rank_died_reason()}; the engine, which waits for it, was stopped ({reason})"
         if self.link is not None:
             code, verdict, reason = self._end_link(by_link, code, verdict, reason)
         self._finish(code, verdict, reason, child=child, oom=oom, left=left)

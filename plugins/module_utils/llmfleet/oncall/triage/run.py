@@ -153,10 +153,12 @@ class Ending:
         if oom is not None or result == "oom-kill" or (run.record or {}).get("verdict") == "oom-kill":
             return self._mech(run, "oom-kill", oom.at if oom else run.end, "systemd saw a process of the unit "
                               "OOM-killed and stopped the unit (OOMPolicy=stop)", [oom] if oom else [])  # fmt: skip
-        if verdict == "unhealthy-while-serving":  # the wrapper's serving health probe stopped it (wrapper_health.py)
+        if verdict in ("unhealthy-while-serving", "rank-died"):  # the wrapper stopped it: hung, or a rank died starting
             rec = run.record or {}
-            return self._mech(run, "unhealthy-while-serving", num(rec.get("stop_requested_at")) or run.end,
-                              rec.get("reason") or (run.wrapper[1].group(3) if run.wrapper else "hung while serving"),
+            kind, said = ("worker-died", "a rank died during start-up") if verdict == "rank-died" else (
+                verdict, "hung while serving")  # fmt: skip
+            return self._mech(run, kind, num(rec.get("stop_requested_at")) or run.end,
+                              rec.get("reason") or (run.wrapper[1].group(3) if run.wrapper else said),
                               [run.wrapper[0]] if run.wrapper else [])  # fmt: skip
         linked = self._link_mechanism(run, verdict)
         if linked is not None:
