@@ -52,15 +52,24 @@ REAL_VARS = {
     "engine_ready_deadline": 420,
     "engine_start_timeout": 600,
     "engine_restart_sec": 2,
+    # As the overlay: no 30 s bound on every collective (the lab's value for the simulator; docs/real-engine.md).
+    "engine_dist_timeout": 0,
 }
 REAL = ["--limit", "node1", "-e", json.dumps(REAL_VARS)]
 # The same deployment as vLLM's CPU build runs it by default: torch.compile (inductor, g++) at the first request.
-REAL_COMPILED = ["--limit", "node1", "-e", json.dumps(dict(REAL_VARS, engine_env={
+# With the lab's 30 s collective bound: the conditions of the cold start that failed at the first request with
+# `WorkerProc hit an exception` (docs/measurements/bench-heal.md).
+REAL_COMPILED = ["--limit", "node1", "-e", json.dumps(dict(REAL_VARS, engine_dist_timeout=30, engine_env={
     k: v for k, v in REAL_VARS["engine_env"].items() if k != "TORCHDYNAMO_DISABLE"}))]  # fmt: skip
 
 
 def _play_env(json_out: bool) -> dict:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PATH=f"{BIN}:{os.environ['PATH']}")
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_INVENTORY=str(ROOT / "inventory" / "lab"),
+        PATH=f"{BIN}:{os.environ['PATH']}",
+    )
     env.setdefault("ANSIBLE_INVENTORY", str(ROOT / "inventory/lab"))  # ansible.cfg names none
     if json_out:
         env["ANSIBLE_CALLBACK_RESULT_FORMAT"] = "json"
@@ -105,11 +114,13 @@ def ready_run(limit: list[str] = LIMIT, deployment: str = "demo", lab=None, tole
         first = None
         try:
             ff = gate_result(out).get("first_failed") or {}
-            first = {"node": ff.get("node"), "why": ff.get("why"), "first_error": (ff.get("record") or {}).get("first_error")}
+            rec = ff.get("record") or {}
+            first = {"node": ff.get("node"), "why": ff.get("why"), "first_error": rec.get("first_error")}
         except (SystemExit, ValueError):
             first = {"why": out[-1500:]}
         if lab is not None:
-            first["journal"] = ssh(lab, "node1", f"journalctl -u llmfleet-{deployment}.service -o cat --no-pager -n 400")
+            unit = f"llmfleet-{deployment}.service"
+            first["journal"] = ssh(lab, "node1", f"journalctl -u {unit} -o cat --no-pager -n 400")
         return {"failed": first}
     # The gate's timeline, from the deployment record the engine role writes (reports/engine-<deployment>.json);
     # the play itself prints it as a table for people.
@@ -148,7 +159,7 @@ def crash_run(lab) -> dict:
     }
 
 
-def real_crash_run(lab) -> dict:
+def real_crash_run(lab, logs: Path | None = None, n: int = 0) -> dict:
     """SIGKILL vLLM's TP worker 1 while the engine loads, with the gate waiting: the wrapper turns vLLM's
     exit into a failure, the gate names node and rank and stops the unit."""
     play("playbooks/engine_stop.yml", *REAL)
@@ -169,6 +180,10 @@ def real_crash_run(lab) -> dict:
         raise SystemExit(f"the killed worker did not fail the gate:\n{out[-3000:]}")
     ff = r["first_failed"]
     left = ssh(lab, "node1", "pgrep -f '^VLLM::' || true").strip()
+    if logs is not None:  # vLLM's own lines about the killed worker (tests/fixtures/engines/ keeps one)
+        logs.mkdir(parents=True, exist_ok=True)
+        journal = ssh(lab, "node1", "journalctl -u llmfleet-bench.service -o cat --no-pager -n 600")
+        (logs / f"startup-worker-sigkill-{n}.log").write_text(journal)
     return {
         "stop_s": r["reported_at"] - ff["record"]["ended_at"],
         "named": f"{ff['node']} rank {(ff['record'].get('failed_rank') or {}).get('rank')}",
@@ -202,11 +217,100 @@ def _crash_cell(crash: list[dict]) -> str:
     return f"{statistics.median(c['stop_s'] for c in crash):.2f} s (named {named}; all stopped: {stopped})"
 
 
+def _vllm_rows(real: dict, cols: list[str]) -> list[str]:
+    """vLLM's rows: where the readiness time goes, and the cold starts with torch.compile at the first request."""
+    med = statistics.median
+    pad = " | ".join("-" for e in cols if e != "vllm-cpu") + ("" if cols == ["vllm-cpu"] else " | ")
+    r = real["ready"]
+    where = (
+        f"gate saw the unit active +{med(x['seen_s'] for x in r):.2f} s (SSH poll rounds "
+        f"{med(x['poll_median_s'] for x in r):.2f} s), port +{med(x['port_s'] for x in r):.2f} s, "
+        f"{med(x['answers'] for x in r):.0f} answer attempt(s), the first taking "
+        f"{med(x['first_answer_s'] for x in r):.2f} s"
+    )
+    out = [f"| vLLM: where the readiness time goes (median) | {pad}{where} | - | - |"]
+    comp = real["compiled"]
+    if comp:
+        ok = [c for c in comp if "failed" not in c]
+        bad = [c["failed"] for c in comp if "failed" in c]
+        cell = (f"readiness detected {med(c['detect_s'] for c in ok):.2f} s, first answer "
+                f"{med(c['first_answer_s'] for c in ok):.2f} s" if ok else "never ready")  # fmt: skip
+        cell += f"; {len(bad)} of {len(comp)} cold starts failed"
+        if bad:
+            cell += f" ({(bad[0].get('first_error') or {}).get('line', bad[0].get('why', ''))[:160]})"
+        what = "vLLM with torch.compile at the first request (its default; TORCHDYNAMO_DISABLE unset)"
+        out.append(f"| {what} | {pad}{cell} | - | - |")
+    return out
+
+
+def real_runs(lab, runs: int, compiled_runs: int, logs: Path | None) -> dict:
+    dep = REAL_VARS["llmfleet_deployment"]
+    ready = [ready_run(REAL, dep) for _ in range(runs)]
+    compiled = [ready_run(REAL_COMPILED, dep, lab, tolerate=True) for _ in range(compiled_runs)]
+    for i, c in enumerate(compiled):
+        journal = c.get("failed", {}).pop("journal", None)
+        if journal and logs:
+            logs.mkdir(parents=True, exist_ok=True)
+            (logs / f"compiled-start-failed-{i}.log").write_text(journal)
+    crash = [real_crash_run(lab, logs, i) for i in range(runs)]
+    play("playbooks/engine_stop.yml", *REAL)
+    return {"ready": ready, "crash": crash, "compiled": compiled}
+
+
+def render(rows: dict, a: argparse.Namespace) -> str:
+    """The measurements as the markdown table of docs/measurements/bench-engine.md."""
+    med = statistics.median
+    compiled = f" --compiled-runs {a.compiled_runs}" if a.compiled_runs else ""
+    label = {"sim": "simulator (2 nodes, TP2 x PP2)", "vllm-cpu": "real vLLM 0.32 CPU (1 node, TP2)"}
+    cols = [e for e in ("sim", "vllm-cpu") if e in rows]
+    lines = [
+        "# Benchmark: engine readiness and crash handling (lab: the engine simulator and the real vLLM CPU build)",
+        "",
+        f"Command: `.venv/bin/python bench/engine_bench.py --runs {a.runs} --engine {a.engine}{compiled}` "
+        f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs). Medians of {a.runs} runs.",
+        "",
+        "| what | " + " | ".join(label[e] for e in cols) + " | alternative | goal |",
+        "|---|" + "---|" * len(cols) + "---|---|",
+    ]
+    ports = ", ".join(f"{med(r['port_s'] for r in rows[e]['ready']):.2f} s" for e in cols)
+    lines.append(
+        "| readiness detected after the head serves | "
+        + " | ".join(f"{med(r['detect_s'] for r in rows[e]['ready']):.2f} s (correct answer)" for e in cols)
+        + f" | port open after {ports} (proves nothing about the answer) | < 2 s |"
+    )
+    alone = (
+        f"systemd alone: surviving node active {rows['sim']['alone']:.1f} s more (its dist timeout; 600 s by default)"
+        if "sim" in rows
+        else "-"
+    )
+    lines.append(
+        "| rank dies during start-up → all units stopped + cause named | "
+        + " | ".join(_crash_cell(rows[e]["crash"]) for e in cols)
+        + f" | {alone} | < 15 s |"
+    )
+    lines += _vllm_rows(rows["vllm-cpu"], cols) if "vllm-cpu" in rows else []
+    lines.append(
+        "| cold start to first correct answer | "
+        + " | ".join(f"{med(r['cold_s'] for r in rows[e]['ready']):.1f} s" for e in cols)
+        + " | - | - |"
+    )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--engine", choices=["both", "sim", "vllm-cpu"], default="both")
+    ap.add_argument(
+        "--compiled-runs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="vLLM: N more cold starts with "
+        "torch.compile at the first request (vLLM's default; the lab turns it off), failures counted",
+    )
+    ap.add_argument("--logs", type=Path, help="keep vLLM's journal of each killed start-up (and failed start) here")
     a = ap.parse_args()
     engines = ["sim", "vllm-cpu"] if a.engine == "both" else [a.engine]
     if "vllm-cpu" in engines and not (VLLM / ".installed").exists():
@@ -214,7 +318,6 @@ def main() -> int:
     lab = default_lab()
     lab.up(2)
     rows: dict[str, dict] = {}
-    med = statistics.median
     try:
         if "sim" in engines:
             demo_model.ensure(lab.shared)
@@ -229,44 +332,12 @@ def main() -> int:
             write_det_model(lab.shared / "det-model")
             for pb in ("base", "topology"):
                 play(f"playbooks/{pb}.yml", "--limit", "node1")
-            ready = [ready_run(REAL, REAL_VARS["llmfleet_deployment"]) for _ in range(a.runs)]
-            crash = [real_crash_run(lab) for _ in range(a.runs)]
-            play("playbooks/engine_stop.yml", *REAL)
-            rows["vllm-cpu"] = {"ready": ready, "crash": crash}
+            rows["vllm-cpu"] = real_runs(lab, a.runs, a.compiled_runs, a.logs)
     finally:
         # A lab left up keeps this checkout's bind mounts; another checkout's `up` would reuse it.
         lab.down()
-    label = {"sim": "simulator (2 nodes, TP2 x PP2)", "vllm-cpu": "real vLLM 0.32 CPU (1 node, TP2)"}
-    cols = [e for e in ("sim", "vllm-cpu") if e in rows]
-    lines = [
-        "# Benchmark: engine readiness and crash handling (lab: the engine simulator and the real vLLM CPU build)",
-        "",
-        f"Command: `.venv/bin/python bench/engine_bench.py --runs {a.runs} --engine {a.engine}` "
-        f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs). Medians of {a.runs} runs.",
-        "",
-        "| what | " + " | ".join(label[e] for e in cols) + " | alternative | goal |",
-        "|---|" + "---|" * len(cols) + "---|---|",
-    ]
-    ports = ", ".join(f"{med(r['port_s'] for r in rows[e]['ready']):.2f} s" for e in cols)
-    lines.append(
-        "| readiness detected after the head serves | "
-        + " | ".join(f"{med(r['detect_s'] for r in rows[e]['ready']):.2f} s (correct answer)" for e in cols)
-        + f" | port open after {ports} (proves nothing about the answer) | < 2 s |"
-    )
-    alone = (
-        f"systemd alone: surviving node active {rows['sim']['alone']:.1f} s more (its dist timeout; 600 s by default)"
-    )
-    lines.append(
-        "| rank dies during start-up → all units stopped + cause named | "
-        + " | ".join(_crash_cell(rows[e]["crash"]) for e in cols)
-        + f" | {alone if 'sim' in rows else '-'} | < 15 s |"
-    )
-    lines.append(
-        "| cold start to first correct answer | "
-        + " | ".join(f"{med(r['cold_s'] for r in rows[e]['ready']):.1f} s" for e in cols)
-        + " | - | - |"
-    )
-    text = "\n".join(lines) + "\n"
+    print(json.dumps(rows, indent=1))  # every run's figures first: the table below is their medians
+    text = render(rows, a)
     print(text)
     if a.out:
         a.out.write_text(text)

@@ -32,8 +32,16 @@ from tests.lab.labctl import default_lab  # noqa: E402
 
 HEAD = "10.77.0.11"
 BASELINE_TIMEOUT = 120
-# The real engine across both nodes: one TP rank per node (vLLM's automatic CPU binding suffices).
-REAL2_VARS = dict(REAL_VARS, engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+# The serving health probe, shorter than the role's defaults (30 s, 20 s, 3) as in tests/integration: a hang is found
+# within interval x failures + timeout = 15 s (timeout <= interval: one probe at a time).
+HEALTH = {"engine_health_interval": 5, "engine_health_timeout": 5, "engine_health_failures": 2}
+# The real engine across both nodes: one TP rank per node, each on a core of its own, eager at the first request
+# (as inventory/overlays/lab-vllm-cpu.yml and tests/integration/test_real_engine.py).
+REAL2_VARS = dict(
+    REAL_VARS,
+    **HEALTH,
+    engine_env=dict(REAL_VARS["engine_env"], VLLM_CPU_OMP_THREADS_BIND="{{ (engine_node_rank | int) % 2 }}"),
+)
 REAL2 = ["--limit", "node1,node2", "-e", json.dumps(REAL2_VARS)]
 ENGINES = {
     # name: (play args, deployment, API port, served model, kill command on node2)
@@ -80,12 +88,58 @@ def heal_run(lab, engine: str) -> dict:
     while time.monotonic() < end and answer(port, model) != "703":
         time.sleep(0.5)
     serving = time.time() - t0
+    n1, n2 = recs["node1"], recs["node2"]
     return {
         "stopped_s": stopped,
         "serving_s": serving,
         "cold_s": cold,
         "verdicts": {n: r["verdict"] for n, r in recs.items()},
-        "named": (recs["node1"].get("link") or {}).get("stopped_by", {}).get("node"),
+        "named": (n1.get("link") or {}).get("stopped_by", {}).get("node"),
+        # Where the stop time goes: node2's engine noticing its dead worker and exiting, the link telling node1,
+        # node1's engine shutting down (or SIGKILLed at the link's stop deadline).
+        "node2_ended_s": n2["ended_at"] - t0,
+        "node1_told_s": (n1.get("stop_requested_at") or n1["ended_at"]) - t0,
+        "node1_ended_s": n1["ended_at"] - t0,
+        "node1_killed": bool(n1.get("killed_after_timeout")),
+    }
+
+
+def hang_run(lab, engine: str) -> dict:
+    """The real engine's core SIGSTOPped on the head after the gate (alive, its port and /health fine, every
+    generation hangs): the head's probe finds it, the wrapper stops the engine (exit 69), the link the others,
+    systemd restarts them. Measured from the SIGSTOP."""
+    args, dep, port, model, _ = ENGINES[engine]
+    unit = f"llmfleet-{dep}.service"
+    cold = ready_run(args, dep)["cold_s"]
+    restarts = {n: int(unit_show(lab, n, unit, "NRestarts") or 0) for n in ("node1", "node2")}
+    core = ssh(lab, "node1", "pgrep -f '^VLLM::EngineCore'").split()
+    if len(core) != 1:
+        raise SystemExit(f"{engine}: no single engine core on node1 to stop: {core}")
+    t0 = time.time()
+    ssh(lab, "node1", f"kill -STOP {core[0]}")
+    end = time.monotonic() + 600
+    while time.monotonic() < end:
+        if all(int(unit_show(lab, n, unit, "NRestarts") or 0) > restarts[n] for n in restarts):
+            break
+        time.sleep(0.5)
+    else:
+        raise SystemExit(f"{engine}: the hung deployment did not restart within 600 s")
+    recs = {
+        n: json.loads(ssh(lab, n, f"cat /var/lib/llmfleet/engine/{dep}/termination.json.1") or "{}") for n in restarts
+    }
+    while time.monotonic() < end and answer(port, model) != "703":
+        time.sleep(0.5)
+    serving = time.time() - t0
+    last = recs["node1"]["health"]["probes"][-1]
+    return {
+        "found_s": last["at"] + last["latency_s"] - t0,
+        "stopped_s": max(r["ended_at"] for r in recs.values()) - t0,
+        "node1_killed": bool(recs["node1"].get("killed_after_timeout")),
+        "ended_s": {n: round(r["ended_at"] - t0, 2) for n, r in recs.items()},
+        "killed": {n: bool(r.get("killed_after_timeout")) for n, r in recs.items()},
+        "serving_s": serving,
+        "cold_s": cold,
+        "verdicts": {n: r["verdict"] for n, r in recs.items()},
     }
 
 
@@ -104,6 +158,34 @@ def without_link(lab) -> float:
     return gone
 
 
+def _breakdown(r: list[dict]) -> str:
+    med = statistics.median
+    killed = sum(x["node1_killed"] for x in r)
+    return (
+        f"node2's engine ended +{med(x['node2_ended_s'] for x in r):.1f} s, node1 told by the link "
+        f"+{med(x['node1_told_s'] for x in r):.1f} s, node1's engine ended "
+        f"+{med(x['node1_ended_s'] for x in r):.1f} s (SIGKILLed at the link's stop deadline in {killed} of {len(r)})"
+    )
+
+
+def _hang_rows(h: list[dict], cols: list[str]) -> list[str]:
+    med = statistics.median
+    bound = HEALTH["engine_health_interval"] * HEALTH["engine_health_failures"] + HEALTH["engine_health_timeout"]
+    pad = " | ".join("-" for e in cols if e != "vllm-cpu") + ("" if cols == ["vllm-cpu"] else " | ")
+    cold = med(x["cold_s"] for x in h)
+    killed = sum(x["node1_killed"] for x in h)
+    verdicts = ", ".join(f"{n}: {v}" for n, v in h[-1]["verdicts"].items())
+    return [
+        f"| hang (engine core SIGSTOPped on node1) → found by the health probe | {pad}"
+        f"{med(x['found_s'] for x in h):.1f} s | interval x failures + timeout = {bound} s |",
+        f"| hang → every node's engine stopped | {pad}{med(x['stopped_s'] for x in h):.1f} s (node1 SIGKILLed at "
+        f"its stop timeout in {killed} of {len(h)}) | found + < 3 s |",
+        f"| hang → serving `703` again | {pad}{med(x['serving_s'] for x in h):.1f} s (cold start {cold:.1f} s) | "
+        f"{bound} s + cold start + 10 s = {bound + cold + 10:.0f} s |",
+        f"| records after the hang | {pad}{verdicts} | node1 unhealthy-while-serving; node2 peer-failed |",
+    ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
@@ -117,6 +199,7 @@ def main() -> int:
     lab = default_lab()
     lab.up(2)
     rows: dict[str, list[dict]] = {}
+    hangs: list[dict] = []
     baseline = None
     try:
         if "sim" in engines:
@@ -132,6 +215,7 @@ def main() -> int:
             for pb in ("base", "topology"):
                 play(f"playbooks/{pb}.yml", "--limit", "node1,node2")
             rows["vllm-cpu"] = [heal_run(lab, "vllm-cpu") for _ in range(a.runs)]
+            hangs = [hang_run(lab, "vllm-cpu") for _ in range(a.runs)]
             play("playbooks/engine_stop.yml", *REAL2)
     finally:
         lab.down()
@@ -141,6 +225,9 @@ def main() -> int:
 
     def row(what: str, cell, goal: str) -> str:
         return f"| {what} | " + " | ".join(cell(e) for e in cols) + f" | {goal} |"
+
+    def breakdown(e: str) -> str:
+        return _breakdown(rows[e])
 
     def records(e: str) -> str:
         last = rows[e][-1]
@@ -159,8 +246,11 @@ def main() -> int:
         row("kill → serving `703` again", lambda e: f"{med(r['serving_s'] for r in rows[e]):.1f} s",
             "cold start + < 15 s"),
         row("cold start of the same deployment (gate)", lambda e: f"{med(r['cold_s'] for r in rows[e]):.1f} s", "-"),
+        row("where the stop time goes", breakdown, "-"),
         row("records after the heal", records, "node2's own failure; node1 peer-failed naming node2"),
     ]  # fmt: skip
+    lines += _hang_rows(hangs, cols) if hangs else []
+    print(json.dumps({"heal": rows, "hang": hangs}, indent=1))  # every run's figures, for the reading
     if baseline is not None:
         lines += [
             "",
