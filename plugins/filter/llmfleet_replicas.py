@@ -48,6 +48,16 @@ def llmfleet_replica_router_kind(router, engine) -> str:
         raise AnsibleFilterError(str(e)) from None
 
 
+def llmfleet_replica_router_exec(w, argv) -> list:
+    """The replicas' router unit's `llmfleet exec` command line (after the CLI's path)."""
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine import replicas as r
+
+    try:
+        return r.router_exec(w, argv)
+    except r.ReplicaError as e:
+        raise AnsibleFilterError(str(e)) from None
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -55,4 +65,5 @@ class FilterModule:
             "llmfleet_replicas": llmfleet_replicas,
             "llmfleet_replica_router_argv": llmfleet_replica_router_argv,
             "llmfleet_replica_router_kind": llmfleet_replica_router_kind,
+            "llmfleet_replica_router_exec": llmfleet_replica_router_exec,
         }

@@ -3,7 +3,7 @@ replica), and the argv of the router in front of them."""
 
 import pytest
 
-from llmfleet.engine.replicas import ReplicaError, expand, router_argv, router_kind
+from llmfleet.engine.replicas import ReplicaError, expand, router_argv, router_exec, router_kind
 
 NODES = ["node1", "node2", "node3", "node4"]
 
@@ -23,8 +23,22 @@ def refused(replicas, **kw):
 def test_two_replicas_of_two_nodes_each_become_two_deployments():
     out = shape([{"name": "r0", "nodes": ["node1", "node2"]}, {"name": "r1", "nodes": ["node3", "node4"]}])
     assert out == [
-        {"index": 0, "name": "r0", "deployment": "demo-r0", "nodes": ["node1", "node2"], "gpus": [], "port": 30000},
-        {"index": 1, "name": "r1", "deployment": "demo-r1", "nodes": ["node3", "node4"], "gpus": [], "port": 30000},
+        {"index": 0, "name": "r0", "deployment": "demo-r0", "nodes": ["node1", "node2"], "gpus": [], "port": 30000,
+         "url": "http://node1:30000"},
+        {"index": 1, "name": "r1", "deployment": "demo-r1", "nodes": ["node3", "node4"], "gpus": [], "port": 30000,
+         "url": "http://node3:30000"},
+    ]  # fmt: skip
+
+
+def test_the_head_leads_its_replica_and_the_router_reaches_it_on_the_fabric():
+    out = expand(
+        [{"name": "r0", "nodes": ["node2", "node1"]}, {"name": "r1", "nodes": ["node4", "node3"]}],
+        {"deployment": "demo", "nodes": NODES, "tp": 2, "pp": 1, "gpus_per_node": 2, "port": 8000,
+         "head_hosts": ["node1"], "fabric_ips": {"node1": "10.0.0.1", "node4": "10.0.0.4"}},
+    )  # fmt: skip
+    assert [(r["nodes"], r["url"]) for r in out] == [
+        (["node1", "node2"], "http://10.0.0.1:8000"),
+        (["node4", "node3"], "http://10.0.0.4:8000"),
     ]
 
 
@@ -153,3 +167,16 @@ def test_router_argv_refusals(spec, says):
     with pytest.raises(ReplicaError, match=None) as e:
         router_argv(spec)
     assert says in str(e.value)
+
+
+def test_router_exec_runs_under_the_wrapper_with_the_key_by_credential_name_only():
+    w = {"kind": "vllm-router", "record": "/s/r.json", "status": "/s/st.json", "stop_timeout": 20, "extend_timeout": 600,
+         "metrics_dir": "/m", "deployment": "demo", "node": "node1", "api_key": True}  # fmt: skip
+    out = router_exec(w, ["vllm-router", "--port", "30000"])
+    assert out[:9] == ["exec", "--record", "/s/r.json", "--status", "/s/st.json", "--ready-regex", "Router ready",
+                       "--ready-count", "1"]  # fmt: skip
+    assert out[out.index("--secret-env") + 1] == "OPENAI_API_KEY=api-key"
+    assert out[out.index("--") :] == ["--", "vllm-router", "--port", "30000"]
+    with pytest.raises(ReplicaError, match="sglang-router takes the replicas' API key only on its command line"):
+        router_exec({**w, "kind": "sglang-router"}, ["sglang-router"])
+    assert "--secret-env" not in router_exec({**w, "kind": "sglang-router", "api_key": False}, ["sglang-router"])

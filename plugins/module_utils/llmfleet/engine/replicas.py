@@ -34,12 +34,14 @@ def _int(v: Any, default: int = 0) -> int:
 
 
 def expand(replicas: Any, shape: Mapping) -> list[dict]:
-    """Each replica as the engine role launches it: {index, name, deployment, nodes, gpus, port}.
+    """Each replica as the engine role launches it: {index, name, deployment, nodes (head first), gpus, port, url}.
 
     replicas: llmfleet_replicas, a list of {name, nodes, gpus (optional, the GPU indexes each of its nodes gives
     it, as llmfleet_gpus), port (optional, its API port; the engine's port otherwise)}. shape: deployment, nodes
     (the hosts of llmfleet_nodes), tp, pp, gpus_per_node, port (the API port every replica uses unless it names
-    its own). Raises ReplicaError listing every problem, each naming the replica, the node and the fix."""
+    its own), head_hosts (the head group: a replica holding it has it first), fabric_ips (host -> the address the
+    router reaches its API on; url). Raises ReplicaError listing every problem, each naming the replica, the node
+    and the fix."""
     if not isinstance(replicas, list) or not replicas:
         raise ReplicaError(
             f"llmfleet_replicas={replicas!r} is not a list of replicas: give a list such as "
@@ -115,7 +117,12 @@ def _replica(i: int, r: Any, shape: Mapping, group: list, problems: list) -> dic
     if r.get("port") not in (None, "") and not 0 < _int(r.get("port"), -1) < 65536:
         problems.append(f"{label}: port={r.get('port')!r} is not a TCP port (1-65535)")
     port = _int(r.get("port"), _int(shape.get("port")))
-    return {"index": i, "name": name, "deployment": derived, "nodes": list(rnodes), "gpus": gpus, "port": port}
+    # Node order = node rank: the fleet's head first when the replica holds it, then the order given.
+    heads = [h for h in shape.get("head_hosts") or [] if h in rnodes]
+    ordered = heads + [n for n in rnodes if n not in heads]
+    ip = (shape.get("fabric_ips") or {}).get(ordered[0]) or ordered[0]
+    return {"index": i, "name": name, "deployment": derived, "nodes": ordered, "gpus": gpus, "port": port,
+            "url": f"http://{ip}:{port}"}  # fmt: skip
 
 
 def _sharing_problems(replicas: list[dict]) -> list[str]:
@@ -204,3 +211,40 @@ def router_argv(spec: Mapping) -> list[str]:
     argv += ["--worker-startup-timeout-secs", str(timeout)] if timeout else []
     argv += ["--worker-startup-check-interval", "2"]
     return argv + [str(a) for a in spec.get("extra_args") or []]
+
+
+# The line each router logs once it can route (the wrapper's READY): vllm-router 0.1.17 logs
+# `Router ready | workers: [...]` as soon as one worker answers /health (measured); sglang-router 0.3.2 is a
+# fork of the same gateway and is matched on the same words.
+READY_RE = {"vllm-router": r"Router ready", "sglang-router": r"Router ready|Router started|Starting server"}
+# How each router is handed the API key it sends to the replicas (names only, from the unit's credential):
+# vllm-router reads OPENAI_API_KEY; sglang-router takes --api-key, which it also requires from its own clients.
+SECRET_ARGS = {"vllm-router": ("--secret-env", "OPENAI_API_KEY=api-key")}
+
+
+def router_exec(w: Mapping, argv: list) -> list[str]:
+    """The router unit's `llmfleet exec` options and argv (docs/wrapper.md): its record and status, READY on the
+    router's own line, the termination metrics, the API key by credential name. w: kind, record, status,
+    stop_timeout, extend_timeout, metrics_dir, deployment, node, api_key."""
+    kind = str(w.get("kind") or "vllm-router")
+    out = ["exec", "--record", str(w["record"]), "--status", str(w["status"]), "--ready-regex", READY_RE[kind],
+           "--ready-count", "1", "--stop-timeout", str(max(1, _int(w.get("stop_timeout"), 30) - 10)),
+           "--extend-timeout", str(w.get("extend_timeout") or 300)]  # fmt: skip
+    if w.get("metrics_dir"):
+        out += [
+            "--metrics-dir",
+            str(w["metrics_dir"]),
+            "--deployment",
+            str(w["deployment"]),
+            "--link-node",
+            str(w["node"]),
+        ]
+    if str(w.get("api_key")).strip().lower() in ("true", "yes", "1", "on"):
+        if kind not in SECRET_ARGS:
+            raise ReplicaError(
+                f"{kind} takes the replicas' API key only on its command line (--api-key), where a secret never goes: "
+                "set engine_replica_router=vllm-router (it reads the key from a credential), or run without "
+                "llmfleet_api_key"
+            )
+        out += list(SECRET_ARGS[kind])
+    return [*out, "--", *(str(a) for a in argv)]
