@@ -90,6 +90,8 @@ class Fleet:
     node_group: str
     head_group: str
     nodes: list[Node]
+    # llmfleet_replicas as the inventory gives it ([] = one instance): `status` shows each replica's deployment.
+    replicas: list = field(default_factory=list)
 
     @property
     def head(self) -> Node:
@@ -263,7 +265,9 @@ def load_fleet(
         raise InventoryError(
             f"inventory {where}: llmfleet_deployment {dep!r} is not a valid deployment name: {DEPLOYMENT_RULE}"
         )
-    return Fleet(sources, dep, node_group, head_group, nodes)
+    head_vars = _Vars(loader, nodes[0].name, vm.get_vars(host=inv.get_host(nodes[0].name)), extra)
+    replicas = head_vars.get("llmfleet_replicas", []) or []
+    return Fleet(sources, dep, node_group, head_group, nodes, replicas if isinstance(replicas, list) else [])
 
 
 def _limited(inv: Any, limit: str, hosts: list, heads_in: list, node_group: str, head_group: str, where: str) -> list:  # noqa: PLR0917

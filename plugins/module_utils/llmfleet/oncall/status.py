@@ -1,5 +1,6 @@
 """`llmfleet status [-i INVENTORY] [DEPLOYMENT] [--json]`: is it serving? One line per node (and one for the
-P/D router): the unit's state, since when, restarts, result and exit status, the termination record's verdict
+P/D router; with llmfleet_replicas, one table per replica, each its own deployment, and a line for the replicas'
+router): the unit's state, since when, restarts, result and exit status, the termination record's verdict
 (failed rank, first error), the wrapper's phase, the API port on the node(s) serving it, the GPU memory held by
 the unit's processes, the last serving health probe (ok/FAILED, age, latency). One SSH round per node, all nodes at
 once. Exit 1 when anything is unhealthy.
@@ -8,6 +9,7 @@ once. Exit 1 when anything is unhealthy.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import time
 from typing import Any
@@ -235,11 +237,84 @@ def render(fleet: Fleet, nodes: list[dict], problems: list[str], elapsed: float)
     return out
 
 
+def replica_fleets(fleet: Fleet) -> list[Fleet]:
+    """Each replica of llmfleet_replicas as the engine role runs it: a deployment of its own, <deployment>-<name>,
+    on its nodes (the fleet's head first when the replica holds it, then the order given)."""
+    out = []
+    by_name = {n.name: n for n in fleet.nodes}
+    for r in fleet.replicas:
+        if not isinstance(r, dict) or not r.get("name"):
+            continue
+        names = [str(x) for x in r.get("nodes") or [] if str(x) in by_name]
+        names = [x for x in names if x == fleet.head.name] + [x for x in names if x != fleet.head.name]
+        dep = f"{fleet.deployment}-{r['name']}"
+        nodes = [
+            dataclasses.replace(
+                by_name[x], rank=i, head=i == 0, engine_dir=f"{by_name[x].engine_dir.rsplit('/', 1)[0]}/{dep}"
+            )
+            for i, x in enumerate(names)
+        ]
+        if nodes:
+            out.append(dataclasses.replace(fleet, deployment=dep, nodes=nodes, replicas=[]))
+    return out
+
+
+def _router_spec(fleet: Fleet, node: Any) -> dict:
+    """The replicas' router unit (llmfleet-<deployment>-router.service, files in the deployment's own directory)."""
+    d = f"{node.engine_dir.rsplit('/', 1)[0]}/{fleet.deployment}"
+    return {"unit": fleet.router_unit(), "record": f"{d}/router-termination.json", "status": f"{d}/router-status.json",
+            "default_port": 0, "host": "", "role": "router"}  # fmt: skip
+
+
+def _run_replicas(args: argparse.Namespace, fleet: Fleet, t: Any, t0: float) -> int:
+    """status of a deployment of replicas: each replica's table, then the router's line (on the first replica's
+    head, the role's default place)."""
+    subs = replica_fleets(fleet)
+    router_node = subs[0].head if subs else fleet.head
+
+    def probe(sub: Fleet) -> list:
+        return fan_out(
+            sub.nodes, lambda n: call_probe(t, n, {"op": "status", "units": unit_specs(sub, n)}, args.timeout)
+        )
+
+    per = [probe(sub) for sub in subs]
+    rspec = _router_spec(fleet, router_node)
+    rres = fan_out([router_node], lambda n: call_probe(t, n, {"op": "status", "units": [rspec]}, args.timeout))[0]
+    elapsed = time.monotonic() - t0
+    blocks, problems, lines = [], [], []
+    for sub, results in zip(subs, per):
+        nodes, p = assess(sub, results)
+        problems += [f"{sub.deployment}: {x}" for x in p]
+        blocks.append({"deployment": sub.deployment, "healthy": not p, "problems": p, "nodes": nodes})
+        lines += render(sub, nodes, p, elapsed)[:-1]
+    router: dict[str, Any] = {"unit": fleet.router_unit(), "node": router_node.name}
+    if rres.data is None:
+        problems.append(f"{fleet.router_unit()} on {router_node.name}: unreachable: {rres.error}")
+        router["reachable"] = False
+    else:
+        v, p = unit_view(router_node, rspec, rres.data["units"].get(rspec["unit"]) or {})
+        router.update(v)
+        problems += p
+        lines.append(f"{fleet.router_unit()} on {router_node.name}: {v['active_state']}/{v['sub_state']}"
+                     + (f" since {v['since_iso']}" if v.get("since_iso") else ""))  # fmt: skip
+    if args.json:
+        emit_json({"deployment": fleet.deployment, "router_unit": fleet.router_unit(), "inventory": fleet.sources,
+                   "healthy": not problems, "problems": problems, "elapsed_s": round(elapsed, 3),
+                   "replicas": blocks, "router": router})  # fmt: skip
+    else:
+        lines.append("healthy" if not problems else f"UNHEALTHY: {len(problems)} problem(s) (above)")
+        lines.append(f"({elapsed:.2f} s)")
+        print("\n".join(lines))
+    return 1 if problems else 0
+
+
 def _run(args: argparse.Namespace, transport: Any) -> int:
     fleet = fleet_of(args)
     t = transport or AutoTransport()
     t0 = time.monotonic()
     try:
+        if fleet.replicas:
+            return _run_replicas(args, fleet, t, t0)
         results = fan_out(
             fleet.nodes, lambda n: call_probe(t, n, {"op": "status", "units": unit_specs(fleet, n)}, args.timeout)
         )

@@ -1,0 +1,65 @@
+"""`llmfleet status` of a deployment of replicas (llmfleet_replicas) against fake nodes: one table per replica,
+each its own deployment (<deployment>-<name>) on its own nodes, and the replicas' router's line; a failed replica
+is named, the other reads healthy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from test_oncall_fakes import Fakes, listening_port
+
+from llmfleet.oncall import status as oncall_status
+
+REPLICAS = [{"name": "r0", "nodes": ["node1", "node2"]}, {"name": "r1", "nodes": ["node4", "node3"]}]
+
+
+@pytest.fixture
+def port():
+    sock, port = listening_port()
+    yield port
+    sock.close()
+
+
+def fleet(tmp_path, port) -> Fakes:
+    """Two replicas and the router, every unit active; the replicas' heads (node1, node4) and the router serve
+    on a port that listens."""
+    f = Fakes(tmp_path, ["node1", "node2", "node3", "node4"], llmfleet_replicas=REPLICAS)
+    for n, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
+        f.set_unit(n, unit=f"llmfleet-demo-{rep}.service")
+        if n in ("node1", "node4"):
+            unit = f.unit_state(n, f"llmfleet-demo-{rep}.service")
+            f.set_unit(n, unit=f"llmfleet-demo-{rep}.service", argv=[*unit["argv"][:-1], str(port)])
+    f.set_unit("node1", unit="llmfleet-demo-router.service",
+               argv=["/usr/local/bin/llmfleet", "exec", "--", "vllm-router", "--port", str(port)])  # fmt: skip
+    return f
+
+
+def status(f: Fakes, capsys, *argv: str) -> tuple[int, str]:
+    p = argparse.ArgumentParser()
+    oncall_status.add_arguments(p)
+    rc = oncall_status.run(p.parse_args(["-i", str(f.inventory), *argv]), transport=f.transport())
+    return rc, capsys.readouterr().out
+
+
+def test_each_replica_is_its_own_deployment_and_the_router_has_a_line(tmp_path, capsys, port):
+    f = fleet(tmp_path, port)
+    f.set_unit("node3", unit="llmfleet-demo-r1.service", ActiveState="failed", SubState="failed", Result="exit-code")
+    rc, out = status(f, capsys)
+    assert rc == 1, out
+    assert "llmfleet-demo-r0.service on 2 node(s), head node1" in out
+    # The replica's own order: node4 leads r1 (the fleet's head is not in it).
+    assert "llmfleet-demo-r1.service on 2 node(s), head node4" in out
+    assert "llmfleet-demo-router.service on node1: active/running" in out
+    problems = [ln for ln in out.splitlines() if ln.startswith("  - ")]
+    assert problems == ["  - node3: llmfleet-demo-r1.service is failed/failed"], out
+
+
+def test_json_lists_the_replicas_and_the_router(tmp_path, capsys, port):
+    rc, out = status(fleet(tmp_path, port), capsys, "--json")
+    doc = json.loads(out)
+    assert rc == 0, doc["problems"]
+    assert [r["deployment"] for r in doc["replicas"]] == ["demo-r0", "demo-r1"]
+    assert [n["node"] for n in doc["replicas"][1]["nodes"]] == ["node4", "node3"]
+    assert doc["router"]["unit"] == "llmfleet-demo-router.service" and doc["router"]["active_state"] == "active"
