@@ -92,8 +92,8 @@ __all__ = [  # what other modules and tests import from here (the names the wrap
     "EXTEND_EVERY_S", "FORWARDED_SIGNALS", "LEFTOVER_WAIT_S", "LINE_KEEP", "MAX_LINE", "MIN_SECRET_PART",
     "PHASES", "PHASE_PATTERNS", "POLL_S", "PROGRESS_PATTERN", "READER_JOIN_S", "RECORD_KEEP", "RECORD_KEYS",
     "REDACTED", "SCHEMA", "STOP_SIGNALS", "LogObserver", "Notifier", "Redactor", "SetupError", "Wrapper",
-    "build_parser", "dead_rank", "decide", "is_error_line", "log_level", "main", "oom_counter_file", "parse_secret_specs",
-    "pids_in_group", "rank_of", "read_credential", "read_oom_counters", "rotate", "secret_forms", "signal_name",
+    "build_parser", "dead_rank", "decide", "is_error_line", "log_level", "main", "oom_counter_file",
+    "parse_secret_specs", "pids_in_group", "rank_of", "read_credential", "read_oom_counters", "rotate", "secret_forms", "signal_name",
     "unit_of", "write_json_atomic",
 ]  # fmt: skip
 
@@ -181,11 +181,16 @@ class Wrapper:
             self._write_status()
         if ev["progress"]:
             self._extend()
-        if not self.obs.ready and self.rank_died is None and not self.engine.stop_requested:
+        if self.rank_died is None and not self.engine.stop_requested:
             rank = dead_rank(text)
-            if rank is not None:  # vLLM's engine core would wait for it until systemd's start timeout
-                self.rank_died = {"rank": rank, "line": self.redact.text(text[:LINE_KEEP]), "at": time.time()}
-                err(f"rank {rank} died during start-up; stopping the engine, which would wait for it")
+            if rank is not None:
+                # Starting, vLLM's engine core would wait for it until systemd's start timeout; serving, vLLM exits
+                # by itself 8-9 s later. Either way nothing is left to shut down cleanly: the link's stop deadline.
+                when = "while serving" if self.obs.ready else "during start-up"
+                self.rank_died = {"rank": rank, "line": self.redact.text(text[:LINE_KEEP]), "at": time.time(),
+                                  "when": when}  # fmt: skip
+                err(f"rank {rank} died {when}; stopping the engine and telling the deployment now")
+                self.engine.stop_timeout = min(self.engine.stop_timeout, self.args.link_stop_timeout)
                 self.engine.request_stop()
         if ev["ready"]:
             self.notifier.send("READY=1", f"STATUS=ready: engine phase {self.obs.phase_name()}")
@@ -255,7 +260,7 @@ class Wrapper:
 
     def _rank_died_reason(self) -> str:
         r = self.rank_died or {}
-        return f"rank {r.get('rank')} died during start-up: {r.get('line', '')[:300]}"
+        return f"rank {r.get('rank')} died {r.get('when')}: {r.get('line', '')[:300]}"
 
     def _on_unhealthy(self, snap: dict) -> None:
         """N failures in a row (the probe's thread): stop the engine's group as on a stop request."""
@@ -504,9 +509,9 @@ class Wrapper:
         if self.unhealthy is not None:  # the probe asked for the stop: whatever the engine did on SIGTERM
             code, verdict = EXIT_UNHEALTHY, "unhealthy-while-serving"
             reason = f"{self._unhealthy_reason()}; the engine was stopped ({reason})"
-        elif self.rank_died is not None:  # its engine would have waited for the dead rank: a failure to restart
+        elif self.rank_died is not None:  # the engine's own line says a rank died: a failure to restart
             code, verdict = EXIT_UNREQUESTED, "rank-died"
-            reason = f"{self._rank_died_reason()}; the engine, which waits for it, was stopped ({reason})"
+            reason = f"{self._rank_died_reason()}; the engine was stopped ({reason})"
         if self.link is not None:
             code, verdict, reason = self._end_link(by_link, code, verdict, reason)
         self._finish(code, verdict, reason, child=child, oom=oom, left=left)
