@@ -1,7 +1,7 @@
 """`make sanity`: ansible-test sanity on the collection as a site installs it.
 
-Builds the collection from this checkout (galaxy.yml's build_ignore decides what ships), installs it into a private
-temporary collections path (ansible-test must run at .../ansible_collections/llmfleet/fleet) and runs
+Builds the collection from what a clean clone of this checkout holds, with the working tree's edits (galaxy.yml's
+build_ignore decides what ships; tests/helpers/collection.py), installs it into a private temporary collections path (ansible-test must run at .../ansible_collections/llmfleet/fleet) and runs
 `ansible-test sanity --venv` there: each sanity test's own pinned requirements, from PyPI, in ansible-test's venvs
 (cached under the cache directory, so only the first run installs them). The ignore file is the one the artifact
 ships, tests/sanity/ignore-<ansible-core major.minor>.txt.
@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.helpers import collection
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -91,14 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ensure_get_pip(home)
     with tempfile.TemporaryDirectory(prefix="llmfleet-sanity-") as tmp:
-        tmp_path = Path(tmp)
-        subprocess.run([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", tmp, str(ROOT)],
-                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
-        (artifact,) = tmp_path.glob("llmfleet-fleet-*.tar.gz")
-        collections = tmp_path / "collections"
-        subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", "-p", str(collections), str(artifact)],
-                       check=True, stdout=subprocess.DEVNULL, env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(collections)})  # fmt: skip
-        where = collections / "ansible_collections" / "llmfleet" / "fleet"
+        # Built from a snapshot of what a clean clone holds (with the working tree's edits), not the live tree:
+        # an edit during the build would break the artifact's checksums.
+        try:
+            artifact, where = collection.build_and_install(Path(tmp))
+        except (AssertionError, subprocess.CalledProcessError) as e:
+            print(f"sanity: the collection did not build or install: {e}", file=sys.stderr)
+            return 2
         # Nothing of the checkout's configuration: the collection as a site has it.
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
         env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
@@ -109,9 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         rc = subprocess.run(cmd, check=False, cwd=where, env=env).returncode
         print(f"sanity: exit {rc} in {time.monotonic() - t0:.0f} s")
-        if rc and re.search(r"\S", os.environ.get("LLMFLEET_SANITY_KEEP", "")):
-            keep = Path(os.environ["LLMFLEET_SANITY_KEEP"])
-            subprocess.run(["cp", "-a", str(where / "tests" / "output"), str(keep)], check=False)
         return rc
 
 
