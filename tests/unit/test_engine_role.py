@@ -121,7 +121,7 @@ def spec():
     ("var", "choices"),
     [
         ("engine_profile", list(engines.names())),
-        ("engine_state", ["started", "stopped"]),
+        ("engine_state", ["started", "stopped", "absent"]),
         ("engine_credential_via", ["load_credential", "exec_start_pre"]),
         ("engine_pd_role", ["", "prefill", "decode"]),
     ],
