@@ -721,6 +721,30 @@ def test_a_hang_while_serving_is_named_with_its_probes_and_the_peer_is_its_conse
     assert _unit(report, "n2")["role"] == "consequence"
 
 
+def test_a_rank_the_engine_reported_dead_is_a_dead_worker_not_a_stop_on_request(tmp_path):
+    """The wrapper stopped its engine on vLLM's own dead-rank line (exit 70, rank-died): a stop it asked for itself,
+    so the record says stop_requested, yet it is the failure, a dead worker, and the peer is its consequence."""
+    why = ("rank 1 died while serving: (MainProcess pid=7) ERROR 12-04 12:00:00 [multiproc_executor.py:315] Worker "
+           "proc VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor.; the engine was stopped "
+           "(stopped on request with SIGTERM)")  # fmt: skip
+    node2 = [("03:00:00", "sd", "Starting eng..."), ("03:00:30", "sd", "Started eng."),
+             ("03:05:04", "u", "llmfleet exec: rank 1 died while serving; stopping the engine and telling the "
+                               "deployment now"),
+             ("03:05:05", "u", f"llmfleet exec: rank-died: exit 70: {why}"),
+             ("03:05:05", "sd", "e.service: Main process exited, code=exited, status=70/n/a")]  # fmt: skip
+    head = [("03:00:00", "sd", "Starting eng..."), ("03:00:30", "sd", "Started eng."),
+            ("03:05:05", "u", "llmfleet exec: link: n2 failed (rank-died, exit 70); stopping this node's engine "
+                              "with the deployment"),
+            ("03:05:06", "u", "llmfleet exec: peer-failed: exit 75: stopped with the deployment: n2 failed first"),
+            ("03:05:06", "sd", "e.service: Main process exited, code=exited, status=75/n/a")]  # fmt: skip
+    report = triage.analyse(_bundle(tmp_path, {"n1": {"units": {"e.service": (head, dict(FAILED, ExecMainStatus="75"))}},
+                                               "n2": {"units": {"e.service": (node2, dict(FAILED, ExecMainStatus="70"))}}}))  # fmt: skip
+    assert report["failed"] and report["first_failure"]["node"] == "n2", report["first_failure"]
+    u = _unit(report, "n2")
+    assert u["verdict"] == "worker-died" and "rank 1 died while serving" in u["cause"], u
+    assert _unit(report, "n1")["role"] == "consequence"
+
+
 def test_the_tail_of_a_clean_stop_cut_by_the_bundles_window_is_not_the_first_failure(tmp_path):
     """`bundle --since` a moment before a run started can catch the last lines of the run before it (stopped on request
     by a converge): only systemd's `Deactivated successfully.`, no start, no record. Before, that tail was judged
