@@ -814,6 +814,20 @@ def test_a_real_vllm_worker_killed_during_start_up_is_named_and_the_waiting_engi
     assert "rank 1 died during start-up; stopping the engine" in p.stderr
 
 
+def test_a_real_vllm_worker_killed_before_its_executor_watches_names_no_rank():
+    """The other start-up path (captured on the lab): worker 1 killed right after it began loading, before vLLM's
+    executor watches its workers. No line names the dead rank (the engine core's `WorkerProc initialization failed`
+    names none, the dead rank simply goes quiet), so the record names the node and the first error only: a known gap
+    (docs/measurements/bench-engine.md)."""
+    rule = engine.ready_rule("vllm", 0, 1, 2, [*TP2, "--enforce-eager"])
+    obs = observe(f"{V032}.tp2-startup-worker-sigkill-early.log", rule)
+    assert obs.ready is False and obs.failed_rank is None
+    assert "EngineCore failed to start." in obs.first_error["line"]
+    assert not any(
+        wrapper.dead_rank(ln) is not None for ln in fixture_lines(f"{V032}.tp2-startup-worker-sigkill-early.log")
+    )
+
+
 def test_only_an_error_line_reports_a_dead_rank():
     """The line that stops a start-up: vLLM's executor's ERROR naming the dead worker; a WARNING quoting it is not,
     nor a rank's own error."""
