@@ -276,7 +276,9 @@ def test_a_real_engine_core_stopped_while_serving_is_found_and_healed(real, repo
     assert ssh(lab, "node1", f"test -d /proc/{core[0]} && echo left || true").stdout.strip() == "", "core left"
     rec = json.loads(ssh(lab, "node1", f"cat {RECORD}.1").stdout)
     assert rec["verdict"] == "unhealthy-while-serving" and rec["exit_code"] == 69, rec["reason"]
-    assert "hung while serving" in rec["reason"] and rec["left_over_pids"] == 0, rec["reason"]
+    # The stopped core cannot act on SIGTERM: vLLM's API server force-kills it, or, when the server exits first, the
+    # wrapper does (left_over_pids 1); either way nothing is left (above).
+    assert "hung while serving" in rec["reason"] and rec["left_over_pids"] <= 1, rec["reason"]
     probes = rec["health"]["probes"]
     failing = probes[-HEALTH["failures"] :]
     assert all(not p["ok"] and f"no complete answer within {HEALTH['timeout']} s" in p["error"] for p in failing), (
