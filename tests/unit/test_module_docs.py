@@ -184,6 +184,6 @@ def test_block_style_yaml_and_examples_use_the_module(name):
     module = importlib.import_module(name)
     problems = flow_mappings(module.DOCUMENTATION, "DOCUMENTATION") + flow_mappings(module.RETURN, "RETURN")
     tasks = yaml.safe_load(module.EXAMPLES)
-    if not any(name in t for t in tasks):
-        problems.append(f"no example task uses {name}")
+    if not any(f"llmfleet.fleet.{name}" in t for t in tasks):
+        problems.append(f"no example task uses llmfleet.fleet.{name} (examples name the module by its FQCN)")
     assert not problems, f"{name}: " + "; ".join(problems)
