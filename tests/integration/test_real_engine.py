@@ -348,9 +348,9 @@ def test_real_worker_sigkill_is_a_failure_and_the_deployment_comes_back(real):
     assert (rec.get("failed_rank") or {}).get("rank") == 1, rec.get("failed_rank")
     assert "WARNING" not in (rec.get("first_error") or {}).get("line", ""), rec.get("first_error")
     head = json.loads(ssh(lab, "node1", f"cat {RECORD}.1").stdout)
-    assert head["verdict"] == "peer-failed" and head["exit_code"] == 75, head
-    assert "node2 failed first (rank-died" in head["reason"], head["reason"]
     print(f"worker SIGKILL -> node2 stopped {rec['ended_at'] - t_kill:.1f} s, node1 {head['ended_at'] - t_kill:.1f} s")
+    assert head["verdict"] == "peer-failed" and head["exit_code"] == 75, head
+    assert "node2 failed first (rank 1 died while serving" in head["reason"], head["reason"]
     # Serving again: the gate (a second converge changes nothing and asks the question again).
     cp = engine(*real_vars())
     assert cp.returncode == 0, cp.stdout[-4000:]
