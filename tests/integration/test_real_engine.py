@@ -322,11 +322,12 @@ def test_a_real_engine_core_stopped_while_serving_is_found_and_healed(real, repo
     assert "hung while serving" in first["cause"], json.dumps(first)[:2000]
 
 
-def test_real_worker_sigkill_is_a_failure_and_the_deployment_comes_back(real):
+def test_real_worker_sigkill_is_a_failure_and_the_deployment_comes_back(real, reports):
     """vLLM exits 0 some 8 s after a worker dies, here node2's headless one; the wrapper stops it on vLLM's own
     death line (exit 70, rank-died, rank 1), the deployment link stops the head at once (exit 75, naming node2), and
     Restart=on-failure brings both back. The records say what happened on each node."""
     lab = real
+    serving(lab, reports)
     before = {n: int(unit(lab, "NRestarts", n) or 0) for n in NODES}
     t_kill = time.time()
     ssh(lab, "node2", "pkill -KILL -f '^VLLM::Worker_TP1'")
