@@ -12,7 +12,9 @@ import time
 
 from llmfleet.stage import lease
 
-CTX = multiprocessing.get_context("fork")
+# Not fork: the test process may hold threads (torch, imported by other tests in the same worker), and a child
+# forked from it aborted in the garbage collector once ("Fatal Python error: Aborted" in threading).
+CTX = multiprocessing.get_context("forkserver")
 WORKERS = 16
 ITERS = 200
 CAP = 3
