@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,3 +85,16 @@ def kill_tree(pid: int) -> None:
             os.kill(p, 9)
         except ProcessLookupError:
             pass
+
+
+def oncall(lab: labctl.Lab, tmp_path: Path, *args: str, deployment: str = "demo", timeout: float = 300):
+    """The `llmfleet` on-call CLI from the ops host, over SSH as the lab's operator (become), against node1-2."""
+    inv = tmp_path / "oncall-inventory.yml"
+    inv.write_text(json.dumps({"all": {
+        "vars": {"ansible_user": "ops", "ansible_become": True, "ansible_ssh_common_args": f"-F {lab.ssh_config}",
+                 "llmfleet_deployment": deployment, "ansible_python_interpreter": "/usr/bin/python3"},
+        "children": {"llmfleet_nodes": {"children": {
+            "head": {"hosts": {"node1": {"ansible_host": "10.77.0.11", "llmfleet_fabric_ip": "10.77.0.11"}}},
+            "worker": {"hosts": {"node2": {"ansible_host": "10.77.0.12", "llmfleet_fabric_ip": "10.77.0.12"}}}}}}}}))  # fmt: skip
+    cmd = [str(Path(sys.executable).parent / "llmfleet"), args[0], "-i", str(inv), *args[1:]]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)

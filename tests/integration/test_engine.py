@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ROOT, run_ansible, ssh
+from tests.integration.conftest import ROOT, oncall, run_ansible, ssh
 
 NODES = ["node1", "node2"]
 LIMIT = ["--limit", ",".join(NODES)]
@@ -199,19 +199,6 @@ def test_restart_on_failure_brings_the_deployment_back(prepared):
     )
     assert all(unit(lab, n, "ActiveState") == "active" for n in NODES)
     assert ask(port=8000) == "703"
-
-
-def oncall(lab, tmp_path, *args, timeout=300):
-    """The `llmfleet` on-call CLI from the ops host, over SSH as the lab's operator (become), against node1-2."""
-    inv = tmp_path / "oncall-inventory.yml"
-    inv.write_text(json.dumps({"all": {
-        "vars": {"ansible_user": "ops", "ansible_become": True, "ansible_ssh_common_args": f"-F {lab.ssh_config}",
-                 "llmfleet_deployment": "demo", "ansible_python_interpreter": "/usr/bin/python3"},
-        "children": {"llmfleet_nodes": {"children": {
-            "head": {"hosts": {"node1": {"ansible_host": "10.77.0.11", "llmfleet_fabric_ip": "10.77.0.11"}}},
-            "worker": {"hosts": {"node2": {"ansible_host": "10.77.0.12", "llmfleet_fabric_ip": "10.77.0.12"}}}}}}}}))  # fmt: skip
-    cmd = [str(Path(sys.executable).parent / "llmfleet"), args[0], "-i", str(inv), *args[1:]]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_oncall_commands_find_the_first_failure_and_stop_leaves_nothing(prepared, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.helpers.det_model import write_det_model
-from tests.integration.conftest import ROOT, run_ansible, ssh
+from tests.integration.conftest import ROOT, oncall, run_ansible, ssh
 
 VENV = ROOT / ".venv-vllm"
 UNIT = "llmfleet-real.service"
@@ -201,19 +201,6 @@ def ask(timeout=30):
         return json.loads(r.read())["choices"][0]["message"]["content"].strip()
 
 
-def oncall(lab, tmp_path, *args, timeout=300):
-    """The `llmfleet` on-call CLI from the ops host, over SSH as the lab's operator (become), against node1-2."""
-    inv = tmp_path / "oncall-inventory.yml"
-    inv.write_text(json.dumps({"all": {
-        "vars": {"ansible_user": "ops", "ansible_become": True, "ansible_ssh_common_args": f"-F {lab.ssh_config}",
-                 "llmfleet_deployment": "real", "ansible_python_interpreter": "/usr/bin/python3"},
-        "children": {"llmfleet_nodes": {"children": {
-            "head": {"hosts": {"node1": {"ansible_host": "10.77.0.11", "llmfleet_fabric_ip": "10.77.0.11"}}},
-            "worker": {"hosts": {"node2": {"ansible_host": "10.77.0.12", "llmfleet_fabric_ip": "10.77.0.12"}}}}}}}}))  # fmt: skip
-    cmd = [str(Path(sys.executable).parent / "llmfleet"), args[0], "-i", str(inv), *args[1:]]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-
-
 def test_a_healthy_real_deployment_is_never_restarted_by_its_probe(real, reports):
     """No false positive: the deployment the tests above used (acceptance, then `vllm bench serve` loading it)
     ran under the probe every 5 s from READY on; left alone, then loaded by concurrent clients for several
@@ -305,7 +292,7 @@ def test_a_real_engine_core_stopped_while_serving_is_found_and_healed(real, repo
     # status shows the new run's probe once it asked; why (over a bundle of this run) names the hang on node1.
     end = time.monotonic() + 60
     while True:
-        st = oncall(lab, tmp_path, "status", "--json")
+        st = oncall(lab, tmp_path, "status", "--json", deployment="real")
         units = {r["node"]: r["units"][0] for r in json.loads(st.stdout)["nodes"]}
         last = (units["node1"].get("health") or {}).get("last")
         if (last and last["ok"]) or time.monotonic() > end:
@@ -313,7 +300,7 @@ def test_a_real_engine_core_stopped_while_serving_is_found_and_healed(real, repo
         time.sleep(2)
     assert st.returncode == 0 and last and last["ok"] and units["node2"].get("health") is None, st.stdout[-3000:]
     bundle = tmp_path / "bundle"
-    b = oncall(lab, tmp_path, "bundle", "-o", str(bundle), f"--since=@{int(rec['started_at']) - 1}")
+    b = oncall(lab, tmp_path, "bundle", "-o", str(bundle), f"--since=@{int(rec['started_at']) - 1}", deployment="real")
     assert b.returncode == 0, b.stdout + b.stderr
     why = subprocess.run([str(Path(sys.executable).parent / "llmfleet"), "why", "--bundle", str(bundle), "--json"],
                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
