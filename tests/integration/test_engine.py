@@ -132,8 +132,9 @@ def test_a_slow_load_with_progress_outlives_the_start_timeout(prepared):
     [
         # SGLang crash path: the dead rank's node SIGKILLs itself (unit ends by signal 9).
         ("sglang", "crash:rank=3:phase=load:exit=3", "node2", r"verdict signal"),
-        # vLLM: a dead worker makes the API server exit 0; the wrapper turns that into a failure.
-        ("vllm", "crash:rank=1:phase=load", "node1", r"verdict unrequested-exit-0, exit 70"),
+        # vLLM: its executor logs the dead worker (then its API server would exit 0, or wait for ever while starting);
+        # the wrapper ends the run on that line: a failure naming the rank.
+        ("vllm", "crash:rank=1:phase=load", "node1", r"verdict rank-died, exit 70"),
         ("sglang", "crash:rank=2:phase=rendezvous:signal=SEGV", "node2", r"verdict signal"),
     ],
 )
@@ -172,10 +173,10 @@ def test_a_rank_hanging_in_rendezvous_hits_the_deadline_and_everything_stops(pre
 
 
 def test_restart_on_failure_brings_the_deployment_back(prepared):
-    """vLLM exits 0 when a worker dies (systemd would not restart it); under the wrapper that is exit 70. The
-    other node's ranks sit in their collective until the distributed timeout (600 s) like NCCL's, but the
-    deployment link stops that node within seconds (exit 75, naming node1) and Restart=on-failure brings
-    both back together; the fault fires once."""
+    """vLLM logs a dead worker and exits 0 seconds later (systemd would not restart it); the wrapper ends the run on
+    that line with exit 70 (rank-died). The other node's ranks sit in their collective until the distributed
+    timeout (600 s) like NCCL's, but the deployment link stops that node within seconds (exit 75, naming node1) and
+    Restart=on-failure brings both back together; the fault fires once."""
     lab = prepared
     spec = "crash:rank=1:phase=serve:after=12:once"
     ssh(lab, "node1", "rm -rf /var/lib/llmfleet/engine/demo/sim")
@@ -191,12 +192,10 @@ def test_restart_on_failure_brings_the_deployment_back(prepared):
         time.sleep(2)
     assert restarted, {n: unit(lab, n, "NRestarts") for n in NODES}
     rec = json.loads(ssh(lab, "node1", "cat /var/lib/llmfleet/engine/demo/termination.json.1").stdout)
-    assert rec["verdict"] == "unrequested-exit-0" and rec["exit_code"] == 70
+    assert rec["verdict"] == "rank-died" and rec["exit_code"] == 70, rec.get("reason")
     peer = json.loads(ssh(lab, "node2", "cat /var/lib/llmfleet/engine/demo/termination.json.1").stdout)
     assert peer["verdict"] == "peer-failed" and peer["exit_code"] == 75, peer["reason"]
-    assert (
-        peer["link"]["stopped_by"]["node"] == "node1" and "unrequested-exit-0" in peer["link"]["stopped_by"]["reason"]
-    )
+    assert peer["link"]["stopped_by"]["node"] == "node1" and "rank 1 died" in peer["link"]["stopped_by"]["reason"]
     assert all(unit(lab, n, "ActiveState") == "active" for n in NODES)
     assert ask(port=8000) == "703"
 
