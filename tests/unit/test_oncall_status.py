@@ -266,3 +266,13 @@ def test_the_last_serving_health_probe_is_shown_and_a_failing_one_is_a_problem(f
     assert (
         "node1: llmfleet-demo.service: serving health probe failed 2/3 in a row: no complete answer within 20 s" in out
     )
+
+
+def test_a_failure_the_wrapper_ended_by_stopping_the_engine_is_still_a_failure():
+    """rank-died and unhealthy-while-serving: the wrapper stops the engine itself (stop_requested in the record)."""
+    from llmfleet.oncall.status import record_failed
+
+    for verdict in ("rank-died", "unhealthy-while-serving"):
+        assert record_failed({"verdict": verdict, "exit_code": 70, "stop_requested": True}), verdict
+    assert not record_failed({"verdict": "clean-stop", "exit_code": 0, "stop_requested": True})
+    assert not record_failed({"verdict": "signal", "exit_code": 143, "stop_requested": True})

@@ -38,6 +38,8 @@ from .common import (
 # An operator's stop, however it ended (deployment-stopped: the link stopped this node with another one stopped on
 # request).
 NOT_A_FAILURE = (None, "clean-stop", "stop-timeout", "deployment-stopped")
+# Failures the wrapper itself ends by stopping the engine (its record then says stop_requested): still failures.
+SELF_STOPPED_FAILURES = ("rank-died", "unhealthy-while-serving")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +51,9 @@ def run(args: argparse.Namespace, transport: Any = None) -> int:
 
 
 def record_failed(rec: dict | None) -> bool:
-    return bool(rec) and rec.get("verdict") not in NOT_A_FAILURE and not rec.get("stop_requested")
+    if not rec or rec.get("verdict") in NOT_A_FAILURE:
+        return False
+    return rec.get("verdict") in SELF_STOPPED_FAILURES or not rec.get("stop_requested")
 
 
 def rank_text(fr: dict | None) -> str:
