@@ -10,6 +10,8 @@ import re
 import time
 import urllib.request
 
+import pytest
+
 from tests.integration.conftest import LAB_NODES, run_ansible, ssh
 
 REV = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed"  # inventory/lab/group_vars/all.yml
@@ -58,7 +60,15 @@ def reset(tmp_path, *extra, check=True):
     return cp, time.monotonic() - t0
 
 
-def test_reset_removes_every_trace_and_site_brings_it_back(lab, tmp_path):
+@pytest.fixture
+def other_deployment(lab):
+    """node2's stand-in for another deployment (files only), gone again whatever the test's outcome: left behind,
+    its claim would stop every later deployment of the lab on node2."""
+    yield OTHER
+    ssh(lab, "node2", "rm -f " + " ".join(OTHER) + " && systemctl daemon-reload", check=False)
+
+
+def test_reset_removes_every_trace_and_site_brings_it_back(lab, tmp_path, other_deployment):
     seconds = {}
     t0 = time.monotonic()
     run_ansible("ansible-playbook", "playbooks/site.yml", "-e", f"llmfleet_report_dir={tmp_path}")
@@ -66,7 +76,7 @@ def test_reset_removes_every_trace_and_site_brings_it_back(lab, tmp_path):
     assert (tmp_path / "file_sd" / "demo-engine.json").exists() and (tmp_path / "endpoint-demo.json").exists()
     for n in NODES:
         assert traces(lab, n), n  # the check below can see what a deployment leaves
-    for path, text in OTHER.items():
+    for path, text in other_deployment.items():
         ssh(lab, "node2", f"echo '{text}' | tee {path} >/dev/null && chmod 0600 {path}")
 
     # --check on the deployed fleet: lists what would go, changes nothing
