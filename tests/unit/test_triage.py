@@ -721,6 +721,24 @@ def test_a_hang_while_serving_is_named_with_its_probes_and_the_peer_is_its_conse
     assert _unit(report, "n2")["role"] == "consequence"
 
 
+def test_the_engines_own_errors_after_the_wrapper_stopped_a_hung_engine_are_its_consequence(tmp_path):
+    """The real engine (vLLM CPU, SIGSTOPped core): after the wrapper stops it, the API server logs EngineDeadError.
+    That follows from the stop: the verdict stays the hang."""
+    why = "hung while serving: 2 health probes in a row failed (every 5 s, 5 s each); last: no complete answer"
+    head = [("03:00:00", "sd", "Starting eng..."), ("03:00:30", "sd", "Started eng."),
+            ("03:05:02", "u", "llmfleet exec: health: probe failed (1/2): no complete answer within 5 s"),
+            ("03:05:04", "u", "llmfleet exec: health: probe failed (2/2): no complete answer within 5 s"),
+            ("03:05:05", "u", f"llmfleet exec: unhealthy-while-serving: exit 69: {why}"),
+            ("03:05:06", "u", "ERROR 12-04 03:05:06 [async_llm.py:480] AsyncLLM output_handler failed."),
+            ("03:05:06", "u", "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."),
+            ("03:05:07", "sd", "e.service: Main process exited, code=exited, status=69/n/a")]  # fmt: skip
+    report = triage.analyse(
+        _bundle(tmp_path, {"n1": {"units": {"e.service": (head, dict(FAILED, ExecMainStatus="69"))}}})
+    )
+    u = _unit(report, "n1")
+    assert u["verdict"] == "unhealthy-while-serving" and "hung while serving" in u["cause"], u
+
+
 def test_a_rank_the_engine_reported_dead_is_a_dead_worker_not_a_stop_on_request(tmp_path):
     """The wrapper stopped its engine on vLLM's own dead-rank line (exit 70, rank-died): a stop it asked for itself,
     so the record says stop_requested, yet it is the failure, a dead worker, and the peer is its consequence."""
