@@ -88,7 +88,12 @@ def prepared(lab):
     for pb in ("base", "topology", "model_stage"):
         run_ansible("ansible-playbook", f"playbooks/{pb}.yml")
     yield lab
-    playbook("engine_stop")
+    # Remove the replicas (units, claims, credentials, state) rather than only stop them: an installed replica is
+    # another deployment on the node, and later lab tests (site, reset, trust) would meet its claim.
+    try:
+        playbook("reset")
+    finally:
+        playbook("engine_stop")
     for n in NODES:  # a unit a fault left failed would leave the node's systemd "degraded" for later tests
         ssh(lab, n, "systemctl reset-failed 'llmfleet-demo*' || true")
     for i in range(1, len(NODES) + 1):
