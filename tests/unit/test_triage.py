@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import datetime
 import json
 import re
 import shutil
@@ -728,15 +729,34 @@ def test_the_engines_own_errors_after_the_wrapper_stopped_a_hung_engine_are_its_
     head = [("03:00:00", "sd", "Starting eng..."), ("03:00:30", "sd", "Started eng."),
             ("03:05:02", "u", "llmfleet exec: health: probe failed (1/2): no complete answer within 5 s"),
             ("03:05:04", "u", "llmfleet exec: health: probe failed (2/2): no complete answer within 5 s"),
-            ("03:05:05", "u", f"llmfleet exec: unhealthy-while-serving: exit 69: {why}"),
-            ("03:05:06", "u", "ERROR 12-04 03:05:06 [async_llm.py:480] AsyncLLM output_handler failed."),
-            ("03:05:06", "u", "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."),
+            # as vLLM logs it (the lab's real engine): the API server's traceback, then the wrapper's verdict at exit
+            ("03:05:04", "u", "(APIServer pid=880) ERROR 12-04 03:05:04 [async_llm.py:849] AsyncLLM output_handler "
+             "failed."),
+            ("03:05:04", "u", "(APIServer pid=880) ERROR 12-04 03:05:04 [async_llm.py:849] Traceback (most recent "
+             "call last):"),
+            ("03:05:04", "u", '(APIServer pid=880) ERROR 12-04 03:05:04 [async_llm.py:849]   File "/v/lib/python3.12/'
+             'site-packages/vllm/v1/engine/async_llm.py", line 849, in output_handler'),
+            ("03:05:04", "u", "(APIServer pid=880) ERROR 12-04 03:05:04 [async_llm.py:849]     outputs = await "
+             "engine_core.get_output_async()"),
+            ("03:05:04", "u", '(APIServer pid=880) ERROR 12-04 03:05:04 [async_llm.py:849]   File "/v/lib/python3.12/'
+             'site-packages/vllm/v1/engine/core_client.py", line 1235, in get_output_async'),
+            ("03:05:04", "u", "(APIServer pid=880) ERROR 12-04 03:05:04 [async_llm.py:849]     raise "
+             "self._format_exception(outputs) from None"),
+            ("03:05:04", "u", "(APIServer pid=880) ERROR 12-04 03:05:04 [async_llm.py:849] vllm.v1.engine.exceptions."
+             "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."),
+            ("03:05:06", "u", f"llmfleet exec: unhealthy-while-serving: exit 69: {why}"),
             ("03:05:07", "sd", "e.service: Main process exited, code=exited, status=69/n/a")]  # fmt: skip
-    report = triage.analyse(
-        _bundle(tmp_path, {"n1": {"units": {"e.service": (head, dict(FAILED, ExecMainStatus="69"))}}})
-    )
-    u = _unit(report, "n1")
-    assert u["verdict"] == "unhealthy-while-serving" and "hung while serving" in u["cause"], u
+    t0 = datetime.datetime(2026, 12, 1, 3, tzinfo=datetime.timezone.utc).timestamp()
+    rec = {"verdict": "unhealthy-while-serving", "exit_code": 69, "reason": why, "stop_requested": True,
+           "stop_requested_at": t0 + 304.4, "started_at": t0, "ended_at": t0 + 306}  # fmt: skip
+    for with_record in (False, True):
+        d = tmp_path / str(with_record)
+        _bundle(d, {"n1": {"units": {"e.service": (head, dict(FAILED, ExecMainStatus="69"))}}})
+        if with_record:
+            (d / "n1" / "termination-e.service.json").write_text(json.dumps(rec))
+        u = _unit(triage.analyse(str(d)), "n1")
+        assert u["verdict"] == "unhealthy-while-serving" and "hung while serving" in u["cause"], u
+        assert any("EngineDeadError" in r["what"] for r in u["ruled_out"]), u["ruled_out"]
 
 
 def test_a_rank_the_engine_reported_dead_is_a_dead_worker_not_a_stop_on_request(tmp_path):

@@ -395,6 +395,13 @@ class UnitAnalysis:
             ruled += [{"what": c["text"], "why": f"not a failure of the unit: {when}", "evidence": c["evidence"]}
                       for c in strong + weak]  # fmt: skip
             return self._verdict(run, mech, None, ruled + self._herrings(run, mech, None))
+        if mech["kind"] == "unhealthy-while-serving":  # the wrapper stopped a hung engine: what it says then follows
+            after = [c for c in strong + weak if c["details"].get("consequence")
+                     or (c["at"] is not None and mech["at"] is not None and c["at"] >= mech["at"] - 1.0)]  # fmt: skip
+            ruled += [{"what": c["text"], "why": "not the cause: what the engine said when the wrapper stopped it, "
+                       "hung while serving", "evidence": c["evidence"]} for c in after]  # fmt: skip
+            strong = [c for c in strong if all(c is not a for a in after)]
+            weak = [c for c in weak if all(c is not a for a in after)]
         chosen = min(strong, key=order) if strong else (min(weak, key=_weak_order) if weak else None)
         if chosen is not None and not chosen["strong"] and mech["kind"] == "peer-failed":
             chosen = None  # the link names the node that failed: what this one logged meanwhile follows from it
