@@ -746,7 +746,7 @@ def test_the_engines_own_errors_after_the_wrapper_stopped_a_hung_engine_are_its_
              "EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."),
             ("03:05:06", "u", f"llmfleet exec: unhealthy-while-serving: exit 69: {why}"),
             ("03:05:07", "sd", "e.service: Main process exited, code=exited, status=69/n/a")]  # fmt: skip
-    t0 = datetime.datetime(2026, 12, 1, 3, tzinfo=datetime.timezone.utc).timestamp()
+    t0 = datetime.datetime(2026, 12, 1, 3, tzinfo=datetime.UTC).timestamp()
     rec = {"verdict": "unhealthy-while-serving", "exit_code": 69, "reason": why, "stop_requested": True,
            "stop_requested_at": t0 + 304.4, "started_at": t0, "ended_at": t0 + 306}  # fmt: skip
     for with_record in (False, True):
