@@ -484,10 +484,8 @@ def test_two_deployments_share_a_node_on_disjoint_gpus(prepared):
     is refused before anything is installed, and each stops without touching the other."""
     lab = prepared
     engine(playbook="playbooks/engine_stop.yml")  # demo names no GPUs: stopped in order, it gives node1 back
-    running = []  # what the finally clause stops: one playbook run fewer once "left" was stopped by the test
     try:
         for name, gpus, port in (("left", [0, 1], 30010), ("right", [2, 3], 30011)):
-            running.append((name, gpus, port))
             shared_node(name, gpus, port)
         for name, port, gpus in (("left", 30010, "0,1"), ("right", 30011, "2,3")):
             assert ssh(lab, "node1", f"systemctl is-active llmfleet-{name}.service").stdout.strip() == "active"
@@ -509,12 +507,11 @@ def test_two_deployments_share_a_node_on_disjoint_gpus(prepared):
         assert ssh(lab, "node1", "test -e /etc/llmfleet/gpus/clash.json", check=False).returncode == 1
         # Stopping one leaves the other serving, and gives its GPUs back.
         shared_node("left", [0, 1], 30010, playbook="playbooks/engine_stop.yml")
-        running.remove(("left", [0, 1], 30010))
         assert ssh(lab, "node1", "systemctl is-active llmfleet-left.service", check=False).stdout.strip() == "inactive"
         assert ssh(lab, "node1", "test -e /etc/llmfleet/gpus/left.json", check=False).returncode == 1
         assert ssh(lab, "node1", "systemctl is-active llmfleet-right.service").stdout.strip() == "active"
         assert ask(30011) == "703"
-    finally:
-        for name, gpus, port in running:
-            shared_node(name, gpus, port, playbook="playbooks/engine_stop.yml", check=False)
+    finally:  # removed, not only stopped: installed, they keep node1's runtime in use for the later reset lab test
+        for name, gpus, port in (("left", [0, 1], 30010), ("right", [2, 3], 30011)):
+            shared_node(name, gpus, port, playbook="playbooks/reset.yml", check=False)
     assert sim_processes(lab, "node1") == ""
