@@ -163,8 +163,8 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     import tempfile
 
     from .stage.errors import StageError
-    from .stage.manifest import build_manifest, load_manifest
-    from .stage.staging import StageRequest, plan, resolve_source, stage
+    from .stage.manifest import load_manifest
+    from .stage.staging import StageRequest, plan, resolve_source, sizes_manifest, stage
     from .stage.store import model_dir
     from .stage.transfer import LocalSource
 
@@ -179,10 +179,9 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         return _usage_error("stage", f"--model: {e}")
     try:
         src = resolve_source(args.source, args.revision)
-        manifest = load_manifest(args.manifest) if args.manifest else None
-        if manifest is None:
-            print(f"building the manifest of {src} (reads it once)...", file=sys.stderr)
-            manifest = build_manifest(src, threads=args.threads, revision=args.revision)
+        manifest = load_manifest(args.manifest) if args.manifest else sizes_manifest(src, args.revision)
+        if not args.manifest and not args.check:
+            print(f"no --manifest: building it from the copy of {src} (one read of each file)", file=sys.stderr)
         with tempfile.TemporaryDirectory() as tmp:
             req = StageRequest(
                 root=args.root,
@@ -194,6 +193,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
                 deep_verify=args.deep_verify,
                 check_mode=args.check,
                 progress_path=os.path.join(tmp, "progress.json"),
+                build_from="" if args.manifest else src,
             )
             if args.check:
                 pl = plan(req)
@@ -472,7 +472,7 @@ def _add_node_commands(sub: Any) -> None:
     st.add_argument("--model", required=True, help="model name (directory under --root)")
     st.add_argument("--revision", required=True, type=_commit, help="40-hex commit of the revision")
     st.add_argument("--root", default="/mnt/nvme/models", help="staging root (default /mnt/nvme/models)")
-    st.add_argument("--manifest", help="manifest JSON (default: build it, reading the source once)")
+    st.add_argument("--manifest", help="manifest JSON (default: build it from the copy itself: one read of the source)")
     st.add_argument("--threads", type=at_least(1), default=4, help="concurrent file copies (default 4)")
     st.add_argument(
         "--keep-revisions",

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..facts import HEX40, revision_problem
 from .errors import DiskFullError, StageError
+from .manifest import MANIFEST_FORMAT, check_against_source, manifest_digest, stat_manifest
 from .progress import Progress
 from .store import (
     UNIT_GLOB,
@@ -41,11 +42,14 @@ from .store import (
     model_dir,
     open_model_dir,
     open_repair,
+    partial_dir,
     publish,
+    read_journal,
+    read_record,
     revision_state,
     switch_current,
 )
-from .transfer import LocalCopy, LocalSource, PeerSource, RateLimit, copy_all
+from .transfer import LocalCopy, LocalSource, PeerSource, RateLimit, copy_all, source_identity
 
 # The names of this module, and the ones re-exported so that `from .stage import X` keeps working
 # where X used to live here (peer.py, swarm.py, library/llmfleet_engine_cache.py, bench/, tests);
@@ -60,6 +64,7 @@ __all__ = [
     "check_revision",
     "plan",
     "resolve_source",
+    "sizes_manifest",
     "stage",
 ]
 
@@ -87,6 +92,38 @@ class StageRequest:
     lock_wait: float = 0.0  # seconds to wait for another staging run of the model to finish
     unit_glob: str = UNIT_GLOB  # installed engine units: GC never deletes a revision they name
     run_by: str = ""  # who started the run (recorded in the lock, shown to a second run)
+    # A first run without a manifest: the source directory whose copy builds it (manifest: sizes_manifest;
+    # one read of the source instead of two; transfer.fetch_file's learn).
+    build_from: str = ""
+
+
+def sizes_manifest(src: str, revision: str, allow_links_into: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
+    """The manifest a run with StageRequest.build_from starts from: every file of the source with its size
+    and no sha256 yet (each one is filled by its copy)."""
+    return {**stat_manifest(src, allow_links_into), "format": MANIFEST_FORMAT, "revision": revision}
+
+
+def _known_sha256(req: StageRequest, mdir: str) -> None:
+    """build_from: the sha256 of the files an earlier run already has: copied into the partial dir from
+    the same source file, unchanged since (the journal records its identity), or published (the
+    record). Those files are then verified as with any manifest; the others are hashed as they land."""
+    rec = read_record(mdir, req.revision) if os.path.isdir(os.path.join(mdir, req.revision)) else None
+    recorded = {e.get("path"): e for e in ((rec or {}).get("manifest") or {}).get("files", [])}
+    journal = read_journal(partial_dir(mdir, req.revision))
+    for e in req.manifest["files"]:
+        if e["sha256"]:
+            continue
+        j, r = journal.get(e["path"]), recorded.get(e["path"])
+        if j and j.get("size") == e["size"] and isinstance(j.get("source"), list):
+            try:
+                now = list(source_identity(os.stat(os.path.join(req.build_from, e["path"]))))
+            except OSError:
+                now = None
+            if now == j["source"]:
+                e["sha256"] = j["sha256"]
+                continue
+        if r and r.get("size") == e["size"] and isinstance(r.get("sha256"), str):
+            e["sha256"] = r["sha256"]
 
 
 def plan(req: StageRequest) -> dict[str, Any]:
@@ -150,6 +187,8 @@ def _stage_locked(
     on_source_phase: Callable[[], Any] | None,
     check: Callable[[], None] | None,
 ) -> dict[str, Any]:
+    if req.build_from:
+        _known_sha256(req, mdir)  # under the lock, as the plan
     p = plan(req)  # under the lock: another run may have changed the store while we waited
     rdir = os.path.join(mdir, req.revision)
     result: dict[str, Any] = {
@@ -212,11 +251,20 @@ def _stage_locked(
             on_source_phase=on_source_phase,
             limit=RateLimit(req.rate_limit_bytes_per_s),
             check=check,
+            learn=bool(req.build_from),
         )
     finally:
         journal.close()
         progress.phase = "verifying"
         progress.flush(force=True)
+    if req.build_from:
+        # The manifest built from the copies, checked against what the source says of itself (a hub
+        # cache's blob names and git ids, LFS pointers, sha256 lists) before anything is published.
+        result["upstream"] = check_against_source(
+            req.build_from, req.manifest, req.revision, rehash_small=False,
+            fix="stage with --manifest naming a manifest of the revision",
+        )  # fmt: skip
+        result["manifest_sha256"] = manifest_digest(req.manifest)
     publish(mdir, partial, req.revision, req.manifest)
     result.update(
         changed=True,

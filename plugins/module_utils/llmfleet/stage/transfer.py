@@ -11,6 +11,7 @@ Stdlib only (runs inside an Ansible module on the node and in the CLI).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import http.client
@@ -40,6 +41,31 @@ FAST_CHUNK = 64 * 1024 * 1024
 FOLLOW_TIMEOUT_S = 150.0
 # Errors that no other source can help with: every copy thread stops, the first one is raised.
 FATAL = (DiskFullError, LeaseLostError, LockedError)
+# Durability of one file's data: fdatasync where there is one (the size is data; the mtime is not needed).
+_datasync = getattr(os, "fdatasync", os.fsync)
+SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
+
+
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):  # not Linux, or a libc without it
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SFR = _sync_file_range()
+
+
+def start_writeback(fd: int, offset: int, n: int) -> None:
+    """Start writing [offset, offset+n) of fd to disk now, without waiting (sync_file_range WRITE):
+    the file's fdatasync at its end then waits for its last chunk only, and dirty pages never pile up
+    to the kernel's throttling limit in the middle of the copy. Durability still comes from that
+    fdatasync; where the call is missing this does nothing."""
+    if _SFR is not None:
+        _SFR(fd, offset, n, SYNC_FILE_RANGE_WRITE)  # a failure here only loses the head start
 
 
 class RateLimit:
@@ -75,7 +101,7 @@ def copy_stream(
     limit: RateLimit = UNLIMITED,
     check: Callable[[], None] | None = None,
 ) -> str:
-    """Copy src to dst_path (or into an open fd, which is closed) hashing in the same pass; fsync; return
+    """Copy src to dst_path (or into an open fd, which is closed) hashing in the same pass; fdatasync; return
     the sha256 hex. check() runs before every chunk read (a lost reader lease stops the copy between two
     chunks)."""
     h = hashlib.sha256()
@@ -96,13 +122,14 @@ def copy_stream(
             written = 0
             while written < n:
                 written += os.write(fd, view[written:n])
+            start_writeback(fd, n_total, n)
             n_total += n
             if progress:
                 progress.add(n, from_peer)
             limit.take(n)
             if n_total > want["size"]:
                 break  # longer than the manifest says: stop reading, fail below
-        os.fsync(fd)
+        _datasync(fd)  # durable before the caller renames and journals it
     finally:
         os.close(fd)
     if n_total != want["size"]:
@@ -152,6 +179,7 @@ def _copy_in_kernel(
                 h.update(v[n_total - start :])  # hashlib releases the GIL on large updates
         finally:
             mm.close()
+        start_writeback(fd, n_total, n)
         n_total += n
         if progress:
             progress.add(n, from_peer)
@@ -231,17 +259,27 @@ def fetch_file(
     progress: Progress | None = None,
     limit: RateLimit = UNLIMITED,
     check: Callable[[], None] | None = None,
+    learn: bool = False,
 ) -> None:
     """Copy one file into the partial dir, verify it against the manifest, journal it. Every write goes
     through the partial dir's fd (journal.dir_fd): directories and files created with O_NOFOLLOW, the
-    verified file renamed within its directory's fd."""
+    verified file renamed within its directory's fd.
+
+    learn=True builds the manifest from this copy (a first run without one, StageRequest.build_from):
+    want has no sha256 yet; the sha256 of what landed becomes want's, provided the source file kept its
+    identity, size, mtime and ctime from before its first byte was read to after its last (else
+    StageError: the file changed under the copy). The journal then also records that identity, so a
+    rerun trusts the entry only while the source file still has it."""
     *subs, name = rel.split("/")
     try:
         dfd = open_subdirs(journal.dir_fd, subs, shown=partial, create=True)
     except safefs.UnsafePathError as e:
         raise StageError(f"{socket.gethostname()}: {e}") from None
     try:
-        _fetch_at(source, rel, partial, want, journal, dfd=dfd, name=name, progress=progress, limit=limit, check=check)
+        _fetch_at(
+            source, rel, partial, want, journal, dfd=dfd, name=name, progress=progress, limit=limit, check=check,
+            learn=learn,
+        )  # fmt: skip
     finally:
         if dfd != journal.dir_fd:
             os.close(dfd)
@@ -259,10 +297,11 @@ def _fetch_at(
     progress: Progress | None,
     limit: RateLimit,
     check: Callable[[], None] | None,
+    learn: bool = False,
 ) -> None:
     tmp = name + ".llmfleet-part"
     try:
-        got = _copy_into(source, rel, dfd, tmp, want, progress=progress, limit=limit, check=check)
+        got, before, after = _copy_into(source, rel, dfd, tmp, want, progress=progress, limit=limit, check=check)
     except (OSError, http.client.HTTPException) as e:
         # HTTPException: a peer that closed before the whole file (it died, or the copy it was
         # passing on cut-through failed) is one more source that failed, not the end of the run.
@@ -279,15 +318,41 @@ def _fetch_at(
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dfd)
         raise
-    if got != want["sha256"]:
+    entry = {"path": rel, "size": want["size"], "sha256": got}
+    if learn and not want["sha256"]:
+        if before is None or before != after:
+            os.unlink(tmp, dir_fd=dfd)
+            raise StageError(
+                f"{rel}: the source file {source}/{rel} changed while it was copied (inode, size, mtime or ctime "
+                "differ from before the copy): a revision must not change on shared storage; rerun once nothing "
+                "writes to it"
+                if before is not None
+                else f"{rel}: {source} is not a local file, so no manifest can be built from its copy"
+            )
+        want["sha256"] = got  # this copy is the manifest's entry from now on (each thread owns its entries)
+        entry["source"] = list(after)
+    elif got != want["sha256"]:
         os.unlink(tmp, dir_fd=dfd)
         raise StageError(
             f"{rel}: sha256 {got[:12]}… from {source} does not match the manifest ({want['sha256'][:12]}…): "
             "the source copy is damaged or the manifest is from another revision"
         )
     os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    mtime_ns = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime_ns
-    journal.add({"path": rel, "size": want["size"], "sha256": got, "mtime_ns": mtime_ns})
+    entry["mtime_ns"] = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime_ns
+    journal.add(entry)
+
+
+def source_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What a rewrite of a source file changes: its inode (replaced), size, mtime and ctime (written to,
+    even with the mtime set back: only the kernel sets ctime)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _identity(src: Any) -> tuple[int, int, int, int, int] | None:
+    try:
+        return source_identity(os.fstat(src.fileno()))
+    except (AttributeError, OSError, ValueError):  # a peer's response: no file to take it from
+        return None
 
 
 def _copy_into(
@@ -300,13 +365,16 @@ def _copy_into(
     progress: Progress | None,
     limit: RateLimit,
     check: Callable[[], None] | None,
-) -> str:
+) -> tuple[str, tuple[int, ...] | None, tuple[int, ...] | None]:
+    """The sha256 of the copy, and the source file's identity (source_identity) before and after it."""
     with source.open(rel) as src:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=dfd)  # a leftover of a killed run: a new file, never one linked elsewhere
         # Read-write: the copy is hashed from its own pages (_copy_in_kernel).
         fd = os.open(tmp, safefs.O_NEW_FILE & ~os.O_WRONLY | os.O_RDWR, 0o644, dir_fd=dfd)
-        return copy_stream(src, fd, want, progress, from_peer=source.from_peer, limit=limit, check=check)
+        before = _identity(src)
+        got = copy_stream(src, fd, want, progress, from_peer=source.from_peer, limit=limit, check=check)
+        return got, before, _identity(src)
 
 
 def copy_all(
@@ -320,8 +388,10 @@ def copy_all(
     on_source_phase: Callable[[], Any] | None,
     limit: RateLimit,
     check: Callable[[], None] | None = None,
+    learn: bool = False,
 ) -> None:
-    """Fetch every file of todo, trying sources(rel) in order (a StageError moves on to the next
+    """Fetch every file of todo (learn: building the manifest from the copies, as fetch_file), trying
+    sources(rel) in order (a StageError moves on to the next
     source); on_source_phase() is entered around every read from shared storage, and check() runs
     before each file and chunk read there. A full disk or a lost lease (FATAL) is not retried
     elsewhere: every thread stops and that error is raised. Otherwise raises one StageError joining
@@ -335,9 +405,11 @@ def copy_all(
             with on_source_phase():
                 if check:
                     check()
-                fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit, check=check)
+                fetch_file(
+                    src, want["path"], partial, want, journal, progress=progress, limit=limit, check=check, learn=learn
+                )
         else:
-            fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit)
+            fetch_file(src, want["path"], partial, want, journal, progress=progress, limit=limit, learn=learn)
 
     def one(want: dict[str, Any]) -> None:
         if stop.is_set():
