@@ -65,12 +65,23 @@ def test_one_node_table_has_every_method_with_its_parallelism(tmp_path, monkeypa
         f"3 + {os.cpu_count()} processes",  # the best by hand: openssl on every core
         "3 threads",
         "3 threads",
+        "3 threads",
         "3 threads (build, then copy)",
     ]
     assert lines[0].endswith("| 1.00x |")
     assert "xargs -P 3 cp + sync, then xargs -P 3 sha256sum vs manifest" in text
     assert "xargs -P 3 cp + sync, then xargs -P 3 openssl dgst -sha256 vs manifest" in text
     assert "median of 2 interleaved runs" in text
-    assert "**llmfleet stage (manifest cached) / best by hand (xargs -P 3 cp + sync, then xargs -P" in text
-    assert rows["llmfleet stage, manifest built first (cold)"] > 0
+    assert "**llmfleet stage / best by hand (xargs -P 3 cp + sync, then xargs -P" in text
+    assert "; cold, manifest built from the copy " in text and "(built first: " in text
+    assert rows["llmfleet stage, manifest built first (cold, two reads)"] > 0
+    assert rows["llmfleet stage, no manifest: built from the copy (cold, one read)"] > 0
     assert not (tmp_path / "dst").exists()
+
+
+def test_goal_only_keeps_the_rows_of_the_goal_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(sb, "WORK", tmp_path)
+    monkeypatch.setattr(sb, "drop_caches", lambda: None)  # test double, as above
+    text, rows = sb.bench_single(0.01, threads=2, repeat=1, goal_only=True)
+    assert len(rows) == 5  # size + 4 rows
+    assert "ratio to best by hand" in text and "(best by hand) |" in text and "cp -r + sync" not in text
