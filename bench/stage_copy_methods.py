@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Where one node's copy time goes, per copy method (the measurement behind transfer._copy_in_kernel).
 
-Each variant copies every file of SRC into a fresh DST with 4 threads, sha256-hashes the bytes, fsyncs
-each file; page cache dropped before each run (root); prints wall and this process's CPU seconds:
+Each variant copies every file of SRC into a fresh DST with 4 threads, sha256-hashes the bytes and makes
+each file durable (fsync or fdatasync per file, or one syncfs at the end where the name says so); page cache
+dropped before each run (root); prints wall and this process's CPU seconds:
 
     .venv/bin/python bench/stage_copy_methods.py SRC DST [ROUNDS]
 
 SRC: e.g. a revision bench/stage_bench.py made (/var/tmp/llmfleet-bench/src-2g-8). DST is removed.
 """
 
+import ctypes
 import hashlib
 import mmap
 import os
@@ -46,7 +48,15 @@ def rw(chunk):
     return one
 
 
-def cfr_mmap(chunk):
+libc = ctypes.CDLL(None, use_errno=True)
+libc.sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+
+
+def cfr_mmap(chunk, writeback=False, sync=os.fsync, drop_src=False):
+    """copy_file_range, sha256 of the destination's pages; writeback: sync_file_range(WRITE) of each chunk
+    as it lands; sync: per file (None: the caller syncs once at the end); drop_src: fadvise DONTNEED on the
+    source chunk just copied."""
+
     def one(name):
         h = hashlib.sha256()
         s = os.open(os.path.join(SRC, name), os.O_RDONLY)
@@ -60,13 +70,26 @@ def cfr_mmap(chunk):
             with memoryview(mm) as v:
                 h.update(v)
             mm.close()
+            if writeback:
+                libc.sync_file_range(d, off, n, 2)
+            if drop_src:
+                os.posix_fadvise(s, off, n, os.POSIX_FADV_DONTNEED)
             off += n
-        os.fsync(d)
+        if sync:
+            sync(d)
         os.close(d)
         os.close(s)
         return h.hexdigest()
 
     return one
+
+
+def syncfs_at_end(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        libc.syncfs(fd)
+    finally:
+        os.close(fd)
 
 
 def mmap_src_write(chunk):
@@ -98,9 +121,12 @@ def mmap_src_write(chunk):
 
 
 variants = {
-    "read+hash+write 16M (today)": rw(16 << 20),
-    "read+hash+write 64M": rw(64 << 20),
-    "copy_file_range 64M + hash dst mmap": cfr_mmap(64 << 20),
+    "read+hash+write 16M": rw(16 << 20),
+    "copy_file_range 64M + hash dst mmap, fsync": cfr_mmap(64 << 20),
+    "  + sync_file_range per chunk, fdatasync": cfr_mmap(64 << 20, True, os.fdatasync),
+    "  + sync_file_range, fdatasync, 16M chunks": cfr_mmap(16 << 20, True, os.fdatasync),
+    "  + sync_file_range, fdatasync, src DONTNEED": cfr_mmap(64 << 20, True, os.fdatasync, True),
+    "  no per-file sync: one syncfs at the end": cfr_mmap(64 << 20, False, None),
     "mmap src 64M: hash + write": mmap_src_write(64 << 20),
 }
 want = None
@@ -114,13 +140,15 @@ for _round in range(int(sys.argv[3]) if len(sys.argv) > 3 else 1):
         t0 = time.monotonic()
         with ThreadPoolExecutor(4) as ex:
             got = list(ex.map(fn, files))
+        if "syncfs" in name:
+            syncfs_at_end(DST)
         t = time.monotonic() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         want = want or got
         if got != want:
             raise SystemExit(f"{name}: the hashes differ from the first variant's: a broken copy")
         print(
-            f"{name:40s} wall {t:5.2f} s  user {r1.ru_utime - r0.ru_utime:5.2f}  sys {r1.ru_stime - r0.ru_stime:5.2f}",
+            f"{name:46s} wall {t:5.2f} s  user {r1.ru_utime - r0.ru_utime:5.2f}  sys {r1.ru_stime - r0.ru_stime:5.2f}",
             flush=True,
         )
 shutil.rmtree(DST, ignore_errors=True)
