@@ -817,8 +817,8 @@ def test_a_real_vllm_worker_killed_during_start_up_is_named_and_the_waiting_engi
 def test_a_real_vllm_worker_killed_before_its_executor_watches_names_no_rank():
     """The other start-up path (captured on the lab): worker 1 killed right after it began loading, before vLLM's
     executor watches its workers. No line names the dead rank (the engine core's `WorkerProc initialization failed`
-    names none, the dead rank simply goes quiet), so the record names the node and the first error only: a known gap
-    (docs/measurements/bench-engine.md)."""
+    names none, the dead rank simply goes quiet): the log observer alone names no rank. The wrapper names it from the
+    worker's process title and its first line's tag instead (tests/unit/test_wrapper_group.py)."""
     rule = engine.ready_rule("vllm", 0, 1, 2, [*TP2, "--enforce-eager"])
     obs = observe(f"{V032}.tp2-startup-worker-sigkill-early.log", rule)
     assert obs.ready is False and obs.failed_rank is None
@@ -1011,7 +1011,8 @@ def test_the_wrapper_parts_stand_alone_and_wrapper_py_composes_them():
     pkg = Path(wrapper.__file__).parent
     graph = {p.stem: _siblings(p) for p in pkg.glob("*.py") if p.stem not in ("__init__", "run")}
     parts = {f"wrapper.{name}" for name in graph}
-    assert set(graph) == {"cgroup", "link", "notify", "process", "pump", "record", "secretfiles", "health"}
+    assert set(graph) == {"cgroup", "link", "notify", "process", "pump", "record", "secretfiles", "health", "group"}
+    assert graph.pop("group") == {"wrapper.process"}  # the group's pids, one reader of /proc/*/stat
     assert graph.pop("record") == {"engine.logobserver", "wrapper.cgroup", "wrapper.process"}
     assert graph.pop("link") == {"fabric_key"}  # the deployment's key, shared with the staging peer server
     assert graph.pop("health") == {"engine.gate"}  # the readiness gate's question and its judge, one copy

@@ -66,11 +66,15 @@ def how_it_ended(status: int) -> tuple[int | None, int | None, bool]:
 class EngineProcess:
     """The engine's process group and the stop requests made to it.
 
-    on_stop runs once in the main thread when a stop request is first seen (after the deadline is set)."""
+    on_stop runs once in the main thread when a stop request is first seen (after the deadline is set); before_kill
+    right before the wrapper SIGKILLs the group (the deadline, the leftovers), while its processes can still be read."""
 
-    def __init__(self, stop_timeout: float, on_stop: Callable[[], None]) -> None:
+    def __init__(
+        self, stop_timeout: float, on_stop: Callable[[], None], before_kill: Callable[[], None] | None = None
+    ) -> None:
         self.stop_timeout = stop_timeout
         self.on_stop = on_stop
+        self.before_kill = before_kill or (lambda: None)
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None
         self.pending_signals: list[int] = []
@@ -123,6 +127,7 @@ class EngineProcess:
             if self.stop_deadline is not None and not self.killed_after_timeout:
                 if time.monotonic() >= self.stop_deadline:
                     self.killed_after_timeout = True
+                    self.before_kill()
                     _killpg(pid, signal.SIGKILL)
             time.sleep(POLL_S)
 
@@ -135,6 +140,8 @@ class EngineProcess:
         """Orphaned ranks must never keep running (and holding GPUs): SIGKILL what is left of the group."""
         pgid = self.pid
         left = pids_in_group(pgid)
+        if left:
+            self.before_kill()
         _killpg(pgid, signal.SIGKILL)
         end = time.monotonic() + LEFTOVER_WAIT_S
         while left and pids_in_group(pgid) and time.monotonic() < end:

@@ -14,7 +14,8 @@ wrapper_link (the deployment link: the wrappers of a multi-node deployment stop 
 wrapper_health (serving health: the gate's question asked again after READY).
 Their public names stay importable from here.
 
-Stdlib only, Python >= 3.8: it is copied to nodes and imported as ``ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.wrapper.run``.
+Stdlib only, Python >= 3.8: it is copied to nodes and imported as
+``ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.wrapper.run``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ..engine.logobserver import (
 from ..fabric_key import FabricKeyError, parse_key
 from ..metrics import write_engine_metrics, write_health_metrics, write_link_metrics
 from .cgroup import oom_counter_file, oom_evidence, oom_read, read_oom_counters, unit_of
+from .group import GroupWatch, describe
 from .health import HealthProbe, check_url
 from .link import EXIT_PEER_FAILED, DeploymentLink, parse_addr
 from .notify import Notifier
@@ -93,12 +95,18 @@ __all__ = [  # what other modules and tests import from here (the names the wrap
     "PHASES", "PHASE_PATTERNS", "POLL_S", "PROGRESS_PATTERN", "READER_JOIN_S", "RECORD_KEEP", "RECORD_KEYS",
     "REDACTED", "SCHEMA", "STOP_SIGNALS", "LogObserver", "Notifier", "Redactor", "SetupError", "Wrapper",
     "build_parser", "dead_rank", "decide", "is_error_line", "log_level", "main", "oom_counter_file",
-    "parse_secret_specs", "pids_in_group", "rank_of", "read_credential", "read_oom_counters", "rotate", "secret_forms", "signal_name",
-    "unit_of", "write_json_atomic",
+    "parse_secret_specs", "pids_in_group", "rank_of", "read_credential", "read_oom_counters", "rotate", "secret_forms",
+    "signal_name", "unit_of", "write_json_atomic",
 ]  # fmt: skip
 
 EXTEND_EVERY_S = 5.0
+WATCH_S = 1.0  # the group watcher's tick: a worker that vanished during start-up is seen within this
+WATCH_SHM_S = 5.0  # ...and the group's /dev/shm mappings are read this often (cheap, but maps can be long)
 LINK_GRACE_S = 2.0  # how long an engine that exited 0 by itself waits for the link to say the deployment stops
+# A stop because something already failed (a peer, a rank): no clean shutdown can complete (vLLM's headless node was
+# still in its SIGTERM shutdown 5 s later), and every node down sooner is the deployment back sooner. SIGKILL leaves
+# nothing behind that the next start trips on (docs/wrapper.md#stop-deadlines).
+LINK_STOP_TIMEOUT_S = 1.5
 
 
 class Wrapper:
@@ -122,7 +130,7 @@ class Wrapper:
         # stdout (journald) blocks only the readers, never the stop deadline in the main thread.
         self.lock = threading.Lock()
         self.pump = OutputPump(self.redact, self._on_text)
-        self.engine = EngineProcess(args.stop_timeout, self._on_stop)
+        self.engine = EngineProcess(args.stop_timeout, self._on_stop, before_kill=self._before_kill)
         self.tail: collections.deque = collections.deque(maxlen=max(0, args.tail_lines))
         self.last_extend = 0.0
         self.started_at = time.time()
@@ -134,7 +142,10 @@ class Wrapper:
         self.health: HealthProbe | None = None
         self.health_key: str | None = None
         self.unhealthy: dict | None = None  # the probe's snapshot when it stopped the engine
-        self.rank_died: dict | None = None  # the engine's own line naming a rank dead during start-up (then stopped)
+        self.rank_died: dict | None = None  # a rank dead (the engine's own line, or its worker vanished): stopped
+        self.group = GroupWatch()  # the group's workers and /dev/shm segments (wrapper_group)
+        self.watching = threading.Event()  # set when the engine has ended: the group watcher stops
+        self.watch_now = threading.Event()  # wakes the group watcher before its tick
 
     # ---- setup
 
@@ -168,6 +179,8 @@ class Wrapper:
     # ---- what the output says (the pump's reader threads)
 
     def _on_text(self, text: str) -> None:
+        if self.group.note_line(text):
+            self.watch_now.set()  # a worker's first line: see it alive now (it may die before the next tick)
         with self.lock:
             self.tail.append(text)
             self._observe(text)
@@ -187,15 +200,67 @@ class Wrapper:
                 # Starting, vLLM's engine core would wait for it until systemd's start timeout; serving, vLLM exits
                 # by itself 8-9 s later. Either way nothing is left to shut down cleanly: the link's stop deadline.
                 when = "while serving" if self.obs.ready else "during start-up"
-                self.rank_died = {"rank": rank, "line": self.redact.text(text[:LINE_KEEP]), "at": time.time(),
-                                  "when": when}  # fmt: skip
-                err(f"rank {rank} died {when}; stopping the engine and telling the deployment now")
-                self.engine.stop_timeout = min(self.engine.stop_timeout, self.args.link_stop_timeout)
-                self.engine.request_stop()
+                self._rank_died(rank, self.redact.text(text[:LINE_KEEP]), when)
         if ev["ready"]:
             self.notifier.send("READY=1", f"STATUS=ready: engine phase {self.obs.phase_name()}")
             self._write_status()
             self._start_health()
+
+    def _rank_died(self, rank: object, line: str, when: str) -> None:
+        """A rank is dead (caller holds self.lock): nothing is left to shut down cleanly, the link's stop deadline."""
+        self.rank_died = {"rank": rank, "line": line, "at": time.time(), "when": when}
+        err(f"rank {rank} died {when}; stopping the engine and telling the deployment now")
+        self.engine.stop_timeout = min(self.engine.stop_timeout, self.args.link_stop_timeout)
+        self.engine.request_stop()
+
+    # ---- the engine's process group (wrapper_group)
+
+    def _watch_group(self) -> None:
+        """A thread, while the engine runs: before READY its workers every WATCH_S (one that vanishes is a dead
+        rank, which no line of vLLM's names that early), and the /dev/shm segments the group maps every
+        WATCH_SHM_S, so that what a SIGKILL leaves there is removed at the end."""
+        last_shm = 0.0
+        while True:
+            self.watch_now.wait(WATCH_S)
+            self.watch_now.clear()
+            if self.watching.is_set():
+                return
+            now = time.monotonic()
+            workers = not self.obs.ready and not self.engine.stop_requested
+            shm = now - last_shm >= WATCH_SHM_S
+            if not (workers or shm):
+                continue
+            last_shm = now if shm else last_shm
+            gone = self.group.scan(self.engine.pid, time.time(), workers=workers, shm=shm)
+            if gone is None:
+                continue
+            with self.lock:
+                if self.rank_died is not None or self.engine.stop_requested or self.obs.ready:
+                    continue
+                who = describe(gone)
+                line = (f"worker process {gone.get('title') or '(untitled)'} (pid {gone['pid']}) vanished, seen in "
+                        "/proc (no engine line names a rank dead before its executor watches its workers)")  # fmt: skip
+                rank = gone.get("rank")
+                if rank is None and gone.get("title") and "_" in gone["title"]:
+                    rank = gone["title"].split("_", 1)[1]
+                if self.obs.failed_rank is None:
+                    self.obs.failed_rank = {"tp": gone.get("tp"), "pp": gone.get("pp"), "rank": gone.get("rank"),
+                                            "line": f"{who}: {line}", "at": time.time()}  # fmt: skip
+                self._rank_died("unknown" if rank is None else rank, line, "during start-up")
+
+    def _before_kill(self) -> None:
+        """Right before a SIGKILL of the group (the main thread): what it maps in /dev/shm, to remove afterwards."""
+        if self.engine.pid is not None:
+            self.group.scan(self.engine.pid, time.time(), workers=False, shm=True)
+
+    def _end_group(self) -> None:
+        """The group is dead: the watcher stops, and what it left in /dev/shm goes."""
+        self.watching.set()
+        self.watch_now.set()
+        count, size = self.group.remove_shm()
+        if count:
+            err(f"removed {count} shared memory segment(s) ({size / 2**20:.0f} MiB) the engine left in "
+                f"{self.group.shm_dir}")  # fmt: skip
 
     def _extend(self) -> None:
         """Push systemd's start timeout out while the engine makes progress (loading takes minutes)."""
@@ -480,6 +545,7 @@ class Wrapper:
             self._write_status()
         self.notifier.send(f"STATUS=started {os.path.basename(self.argv[0])} (pid {proc.pid})")
         self.pump.start((proc.stdout, proc.stderr), (sys.stdout, sys.stderr))
+        threading.Thread(target=self._watch_group, daemon=True).start()
 
         exit_code, sig, core = how_it_ended(self.engine.wait())
         if self.link is not None and exit_code == 0 and not self.engine.stop_requested:
@@ -489,6 +555,7 @@ class Wrapper:
                 self.link_stop = dict(ev)
         by_link = self.link_stop is not None  # the link stopped it before it ended on its own
         left = self.engine.kill_leftovers()
+        self._end_group()
         _, oom_after, why_after = oom_read(self.cgroup_text, self.cgroup_root)
         oom = oom_evidence(oom_src, oom_before, oom_after)
         oom_why = oom_why or why_after
@@ -556,8 +623,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--link-node", default=os.uname().nodename, metavar="NAME", help="this node's name on the link")
     ap.add_argument("--link-timeout", type=float, default=5.0, metavar="SEC", help="a peer with no heartbeat this "
                     "long has failed (default 5)")  # fmt: skip
-    ap.add_argument("--link-stop-timeout", type=float, default=5.0, metavar="SEC", help="another node failed: SIGKILL "
-                    "the engine this long after the stop request (default 5; at most --stop-timeout)")  # fmt: skip
+    ap.add_argument("--link-stop-timeout", type=float, default=LINK_STOP_TIMEOUT_S, metavar="SEC", help="another "
+                    "node failed or a rank died: SIGKILL the engine this long after the stop request (default "
+                    f"{LINK_STOP_TIMEOUT_S:g}; at most --stop-timeout; a stop on request keeps "
+                    "--stop-timeout)")  # fmt: skip
     ap.add_argument("--link-wait", type=float, default=600.0, metavar="SEC", help="a worker waits this long for the "
                     "head's welcome, the head for its --link-peers (default 600); then exit "
                     f"{EXIT_PEER_FAILED}, link-failed, naming who is missing")  # fmt: skip
