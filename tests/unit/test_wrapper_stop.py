@@ -30,6 +30,7 @@ def test_a_peer_failed_stop_kills_a_stubborn_engine_at_the_short_default_deadlin
         rec = head.rec()
         assert rec["verdict"] == "peer-failed" and rec["killed_after_timeout"], rec["reason"]
         assert "child ignored SIGTERM for 1.5 s" in rec["reason"], rec["reason"]
+        assert "(--link-stop-timeout: a peer failed or a rank died" in rec["reason"], rec["reason"]
     finally:
         head.kill()
         if worker:
@@ -57,6 +58,7 @@ def test_a_stop_on_request_keeps_the_graceful_deadline(tmp_path):
         assert head.wait() == 128 + signal.SIGKILL
         rec = head.rec()
         assert rec["verdict"] == "stop-timeout" and "child ignored SIGTERM for 3 s" in rec["reason"], rec["reason"]
+        assert "raise --stop-timeout and TimeoutStopSec" in rec["reason"], rec["reason"]
     finally:
         head.kill()
 

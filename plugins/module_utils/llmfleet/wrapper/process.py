@@ -83,6 +83,12 @@ class EngineProcess:
         self.stop_requested_at: float | None = None
         self.killed_after_timeout = False
         self.stop_deadline: float | None = None
+        self.short_deadline = False  # the stop is the link's (a peer failed, a rank died): --link-stop-timeout
+
+    def shorten_deadline(self, seconds: float) -> None:
+        """Before the stop request: a stop because something already failed gets at most ``seconds``."""
+        if seconds < self.stop_timeout:
+            self.stop_timeout, self.short_deadline = seconds, True
 
     def forward_signals(self) -> None:
         for sig in FORWARDED_SIGNALS:

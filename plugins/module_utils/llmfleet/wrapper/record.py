@@ -115,10 +115,13 @@ def explain(
         how = f"by {sig_name}" if sig_name else f"with code {child['exit_code']}"
         msg = f"stopped on request ({stop}): the engine exited {how}"
     elif verdict == "stop-timeout":
-        msg = (
-            f"child ignored {stop} for {engine.stop_timeout:g} s; killed the process group with SIGKILL "
-            f"(raise --stop-timeout and TimeoutStopSec if shutdown is legitimately slow); {hint}"
+        why = (
+            "--link-stop-timeout: a peer failed or a rank died, nothing is left to shut down cleanly"
+            if engine.short_deadline
+            else "raise --stop-timeout and TimeoutStopSec if shutdown is legitimately slow"
         )
+        msg = f"child ignored {stop} for {engine.stop_timeout:g} s; killed the process group with SIGKILL ({why}); "
+        msg += hint
     elif verdict == "unrequested-exit-0":
         msg = (
             "the engine exited 0 without being asked to stop: an engine exiting 0 on its own is treated as a "

@@ -210,7 +210,7 @@ class Wrapper:
         """A rank is dead (caller holds self.lock): nothing is left to shut down cleanly, the link's stop deadline."""
         self.rank_died = {"rank": rank, "line": line, "at": time.time(), "when": when}
         err(f"rank {rank} died {when}; stopping the engine and telling the deployment now")
-        self.engine.stop_timeout = min(self.engine.stop_timeout, self.args.link_stop_timeout)
+        self.engine.shorten_deadline(self.args.link_stop_timeout)
         self.engine.request_stop()
 
     # ---- the engine's process group (wrapper_group)
@@ -459,7 +459,7 @@ class Wrapper:
         if kind == "failed":
             # Its peers are gone: no clean shutdown can complete (an engine may wait for them until its stop
             # deadline), and the deployment restarts sooner the sooner every node is down.
-            self.engine.stop_timeout = min(self.engine.stop_timeout, self.args.link_stop_timeout)
+            self.engine.shorten_deadline(self.args.link_stop_timeout)
         self.engine.request_stop()
 
     def _write_status(self) -> None:
