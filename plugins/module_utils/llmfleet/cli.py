@@ -181,7 +181,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         src = resolve_source(args.source, args.revision)
         manifest = load_manifest(args.manifest) if args.manifest else sizes_manifest(src, args.revision)
         if not args.manifest and not args.check:
-            print(f"no --manifest: building it from the copy of {src} (one read of each file)", file=sys.stderr)
+            print(f"no --manifest: building the manifest from the copy of {src} (one read)", file=sys.stderr)
         with tempfile.TemporaryDirectory() as tmp:
             req = StageRequest(
                 root=args.root,
