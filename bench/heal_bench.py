@@ -70,7 +70,7 @@ def unit_show(lab, node: str, unit: str, prop: str) -> str:
 
 
 # /dev/shm entries no live process maps: what a killed engine left there (RAM lost until the node reboots).
-ORPHAN_SHM = ("sudo bash -c 'comm -23 <(ls -1d /dev/shm/* 2>/dev/null | sort) "
+ORPHAN_SHM = ("sudo -n bash -c 'comm -23 <(ls -1d /dev/shm/* 2>/dev/null | sort) "
               "<(cat /proc/[0-9]*/maps 2>/dev/null | grep -o \"/dev/shm/[^ ]*\" | sort -u)'")  # fmt: skip
 
 
@@ -134,7 +134,7 @@ def startup_run(lab, engine: str) -> dict:
     play("playbooks/engine_stop.yml", *args)
     # The units the heal run installed, started by systemd alone (no gate: the restart is the heal measured).
     for n in ("node1", "node2"):
-        ssh(lab, n, f"sudo systemctl start --no-block llmfleet-{dep}.service")
+        ssh(lab, n, f"sudo -n systemctl start --no-block llmfleet-{dep}.service")
     end = time.monotonic() + 600
     while time.monotonic() < end and not ssh(lab, "node2", "pgrep -f '^VLLM::Worker_TP1'").strip():
         time.sleep(0.2)
