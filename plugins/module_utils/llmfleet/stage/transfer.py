@@ -11,7 +11,6 @@ Stdlib only (runs inside an Ansible module on the node and in the CLI).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import hashlib
 import http.client
@@ -48,8 +47,10 @@ SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
 
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
     try:
+        import ctypes  # a Python built without it (no libffi) still stages, without the head start
+
         fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (AttributeError, OSError):  # not Linux, or a libc without it
+    except (AttributeError, ImportError, OSError):  # not Linux, or a libc without it
         return None
     fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
     fn.restype = ctypes.c_int
