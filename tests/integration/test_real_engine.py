@@ -89,6 +89,16 @@ def engine(*extra, playbook="playbooks/engine.yml", timeout=900):
     return run_ansible("ansible-playbook", playbook, "--limit", ",".join(NODES), *extra, check=False, timeout=timeout)
 
 
+# /dev/shm entries no live process maps: what a killed engine left (vLLM's SIGKILLed group leaves ~700 MiB there;
+# the wrapper removes what its engine mapped, docs/wrapper.md).
+ORPHAN_SHM = ("sudo -n bash -c 'comm -23 <(ls -1d /dev/shm/* 2>/dev/null | sort) "
+              "<(cat /proc/[0-9]*/maps 2>/dev/null | grep -o \"/dev/shm/[^ ]*\" | sort -u)'")  # fmt: skip
+
+
+def orphan_shm(lab):
+    return {n: ssh(lab, n, ORPHAN_SHM).stdout.split() for n in NODES}
+
+
 def unit(lab, prop, node="node1"):
     return ssh(lab, node, f"systemctl show {UNIT} --property={prop} --value").stdout.strip()
 
@@ -292,6 +302,7 @@ def test_a_real_engine_core_stopped_while_serving_is_found_and_healed(real, repo
     print(f"SIGSTOP -> found {found - t_hang:.1f} s (bound {bound} s), every node stopped {stopped - t_hang:.1f} s, "
           f"serving 703 again {served - t_hang:.1f} s; probes: {probes}")  # fmt: skip
     assert got == "703"
+    assert orphan_shm(lab) == {"node1": [], "node2": []}  # the killed runs' shared memory was removed
     # status shows the new run's probe once it asked; why (over a bundle of this run) names the hang on node1.
     end = time.monotonic() + 60
     while True:
@@ -339,9 +350,12 @@ def test_real_worker_sigkill_is_a_failure_and_the_deployment_comes_back(real, re
     assert (rec.get("failed_rank") or {}).get("rank") == 1, rec.get("failed_rank")
     assert "WARNING" not in (rec.get("first_error") or {}).get("line", ""), rec.get("first_error")
     head = json.loads(ssh(lab, "node1", f"cat {RECORD}.1").stdout)
-    print(f"worker SIGKILL -> node2 stopped {rec['ended_at'] - t_kill:.1f} s, node1 {head['ended_at'] - t_kill:.1f} s")
+    print(f"worker SIGKILL -> node2 saw the dead rank {rec['stop_requested_at'] - t_kill:.1f} s, stopped "
+          f"{rec['ended_at'] - t_kill:.1f} s (SIGKILLed: {rec['killed_after_timeout']}), node1 stopped "
+          f"{head['ended_at'] - t_kill:.1f} s (SIGKILLed: {head['killed_after_timeout']})")  # fmt: skip
     assert head["verdict"] == "peer-failed" and head["exit_code"] == 75, head
     assert "node2 failed first (rank 1 died while serving" in head["reason"], head["reason"]
+    assert orphan_shm(lab) == {"node1": [], "node2": []}  # the killed runs' shared memory was removed
     # Serving again: the gate (a second converge changes nothing and asks the question again).
     cp = engine(*real_vars())
     assert cp.returncode == 0, cp.stdout[-4000:]
