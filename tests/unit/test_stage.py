@@ -163,7 +163,18 @@ def test_enospc_mid_copy_keeps_previous_revision(tmp_path, src, monkeypatch):
         budget["n"] -= n
         return n
 
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):  # the direct-I/O path (transfer._copy_direct; the model lock's pwrite goes on)
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(".llmfleet-part"):
+            return real_pwrite(fd, data, offset)
+        if budget["n"] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        budget["n"] -= len(data)
+        return real_pwrite(fd, data, offset)
+
     monkeypatch.setattr(transfer.os, "write", write)
+    monkeypatch.setattr(transfer.os, "pwrite", pwrite)
     monkeypatch.setattr(transfer.os, "copy_file_range", copy_file_range)
     src2 = make_checkpoint(tmp_path / "shared" / "m2", shards=4, tensors_per_shard=3, shape=(64, 64), seed=7)
     with pytest.raises(
@@ -309,13 +320,15 @@ def test_the_names_stage_exports_are_the_same_objects():
     assert set(stage.__all__) <= set(dir(stage))
 
 
-@pytest.mark.parametrize("kernel", ["copy_file_range", "no copy_file_range (EXDEV)"])
+@pytest.mark.parametrize("kernel", ["direct I/O", "copy_file_range", "no copy_file_range (EXDEV)"])
 def test_a_local_copy_is_hashed_from_what_landed_with_or_without_the_kernel_copy(tmp_path, src, monkeypatch, kernel):
-    """The local copy goes through copy_file_range and hashes the destination's own pages; where the
-    kernel cannot copy (another filesystem, an old kernel) it reads and writes. Either way a source byte
-    that differs from the manifest is caught, and a good revision publishes."""
+    """The local copy reads the source into one buffer with direct I/O, hashes it and writes that buffer
+    with direct I/O; where a filesystem refuses direct I/O it goes through copy_file_range and hashes
+    the destination's own pages; where the kernel cannot copy (another filesystem, an old kernel) it
+    reads and writes. Each way a source byte that differs from the manifest is caught, and a good
+    revision publishes (the shards' sizes are not multiples of the 4 KiB direct-I/O block)."""
     calls = []
-    real_copy = os.copy_file_range
+    real_copy, real_pwrite = os.copy_file_range, os.pwrite
 
     def copy_file_range(*args):
         calls.append(args[2])
@@ -323,7 +336,15 @@ def test_a_local_copy_is_hashed_from_what_landed_with_or_without_the_kernel_copy
             raise OSError(errno.EXDEV, "Invalid cross-device link")
         return real_copy(*args)
 
-    monkeypatch.setattr(transfer.os, "copy_file_range", copy_file_range)
+    def pwrite(fd, data, offset):
+        calls.append(len(data))
+        return real_pwrite(fd, data, offset)
+
+    if kernel == "direct I/O":
+        monkeypatch.setattr(transfer.os, "pwrite", pwrite)
+    else:  # a filesystem without direct I/O (tmpfs)
+        monkeypatch.setattr(transfer, "_set_direct", lambda fd, on: False)
+        monkeypatch.setattr(transfer.os, "copy_file_range", copy_file_range)
     man = manifest_of(src)
     shard = sorted(p for p in os.listdir(src) if p.endswith(".safetensors"))[0]
     with open(src / shard, "r+b") as f:  # same size, one byte changed after the manifest

@@ -110,14 +110,15 @@ def test_a_kill_mid_file_resumes_from_the_verified_files(tmp_path, src):
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
         from llmfleet.stage import staging as stage, transfer
-        transfer.FAST_CHUNK = 4096
-        real, calls = transfer.start_writeback, []
-        def dying(fd, off, n):
-            real(fd, off, n)
-            calls.append(off)
-            if len(calls) > 1 and off == 4096 * 2 and calls.count(0) == 2:
+        transfer.CHUNK = transfer.FAST_CHUNK = 4096  # whichever way the copy goes, 4 KiB at a time
+        first = -(-max(os.path.getsize(os.path.join({str(src)!r}, f)) for f in os.listdir({str(src)!r})) // 4096)
+        real, calls = transfer.RateLimit.take, []
+        def dying(self, n):
+            real(self, n)
+            calls.append(n)
+            if len(calls) == first + 3:
                 os.kill(os.getpid(), signal.SIGKILL)  # mid-file: three chunks of the second file written
-        transfer.start_writeback = dying
+        transfer.RateLimit.take = dying
         req = stage.StageRequest(root={str(root)!r}, model="m", revision={REV!r}, threads=1,
                                  manifest=stage.sizes_manifest({str(src)!r}, {REV!r}), build_from={str(src)!r})
         stage.stage(req, lambda rel: [transfer.LocalSource({str(src)!r})])

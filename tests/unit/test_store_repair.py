@@ -196,6 +196,14 @@ def test_disk_full_during_a_repair_is_reported_truly(tmp_path, src, monkeypatch)
 
     monkeypatch.setattr(transfer.os, "write", full)
     monkeypatch.setattr(transfer.os, "copy_file_range", lambda *a: full(*a[:2]))
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):  # the copy's direct-I/O writes (the model lock's pwrite goes on)
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".llmfleet-part"):
+            full(fd, data)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(transfer.os, "pwrite", pwrite)
     with pytest.raises(stage.DiskFullError, match=r"nothing published changed \(published revisions and `current`"):
         stage.stage(request(root, src, deep_verify=True), lambda rel: [stage.LocalSource(str(src))])
     assert snapshot(rdir) == before and os.readlink(root / "m" / "current") == REV
