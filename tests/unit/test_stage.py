@@ -340,7 +340,8 @@ def test_a_local_copy_is_hashed_from_what_landed_with_or_without_the_kernel_copy
         calls.append(len(data))
         return real_pwrite(fd, data, offset)
 
-    if kernel == "direct I/O":
+    if kernel == "direct I/O":  # as for a run larger than the kernel's dirty limit
+        monkeypatch.setattr(transfer, "direct_io_pays", lambda need: True)
         monkeypatch.setattr(transfer.os, "pwrite", pwrite)
     else:  # a filesystem without direct I/O (tmpfs)
         monkeypatch.setattr(transfer, "_set_direct", lambda fd, on: False)
@@ -361,3 +362,18 @@ def test_a_local_copy_is_hashed_from_what_landed_with_or_without_the_kernel_copy
     published = tmp_path / "nvme" / "m" / REV
     assert r["changed"] and calls and checkpoint.verify(str(published)).ok
     assert all((published / e["path"]).read_bytes() == (src / e["path"]).read_bytes() for e in man["files"])
+
+
+@pytest.mark.parametrize(
+    ("need_gib", "avail_gib", "ratio", "direct"),
+    [(8, 22, 20, True), (2, 22, 20, False), (8, 125, 20, False), (40, 125, 20, True), (8, 22, None, False)],
+)
+def test_direct_io_only_above_the_kernels_dirty_limit(tmp_path, need_gib, avail_gib, ratio, direct):
+    """The measured cases (8 GiB on 24 GiB: direct; 2 GiB there and 8 GiB on 125 GiB: the page cache),
+    and no direct I/O where the kernel's figures cannot be read."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: 1 kB\nMemAvailable: {avail_gib * 2**20} kB\n")
+    dirty = tmp_path / "dirty_ratio"
+    if ratio is not None:
+        dirty.write_text(f"{ratio}\n")
+    assert transfer.direct_io_pays(need_gib * 2**30, str(meminfo), str(dirty)) is direct

@@ -262,3 +262,23 @@ def test_every_file_is_synced_before_it_is_renamed_and_journaled_and_all_before_
     for n in names:
         order = [events.index((what, n)) for what in ("synced", "renamed", "journaled")]
         assert order == sorted(order) and order[-1] < published, (n, events)
+
+
+def test_the_manifest_built_from_a_direct_io_copy_is_the_sources(tmp_path, src, monkeypatch):
+    """A run above the kernel's dirty limit copies with direct I/O: the same manifest, the same bytes."""
+    writes = []
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".llmfleet-part"):  # the copy's, not the model lock's
+            writes.append(len(data))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(transfer, "direct_io_pays", lambda need: True)
+    monkeypatch.setattr(transfer.os, "pwrite", pwrite)
+    root = tmp_path / "nvme"
+    run(root, src)
+    monkeypatch.undo()
+    assert writes and all(n % 4096 == 0 for n in writes)  # whole blocks, the tails cut back after
+    assert shas(published_manifest(root)["files"]) == shas(build_manifest(str(src))["files"])
+    assert all((root / "m" / REV / n).read_bytes() == (src / n).read_bytes() for n in os.listdir(src))
