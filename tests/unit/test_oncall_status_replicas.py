@@ -10,7 +10,9 @@ import json
 import pytest
 from test_oncall_fakes import Fakes, listening_port
 
+from llmfleet.oncall import restart as oncall_restart
 from llmfleet.oncall import status as oncall_status
+from llmfleet.oncall import stop as oncall_stop
 
 REPLICAS = [{"name": "r0", "nodes": ["node1", "node2"]}, {"name": "r1", "nodes": ["node4", "node3"]}]
 
@@ -63,3 +65,59 @@ def test_json_lists_the_replicas_and_the_router(tmp_path, capsys, port):
     assert [r["deployment"] for r in doc["replicas"]] == ["demo-r0", "demo-r1"]
     assert [n["node"] for n in doc["replicas"][1]["nodes"]] == ["node4", "node3"]
     assert doc["router"]["unit"] == "llmfleet-demo-router.service" and doc["router"]["active_state"] == "active"
+
+
+# ---- stop and restart take one replica --------------------------------------------------------------------------
+
+
+def _control(mod, f: Fakes, capsys, *argv: str) -> tuple[int, str, str]:
+    p = argparse.ArgumentParser()
+    mod.add_arguments(p)
+    rc = mod.run(p.parse_args(["-i", str(f.inventory), *argv]), transport=f.transport())
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _changed(f: Fakes, verb: str) -> list[tuple[str, str]]:
+    return sorted((c[1], c[-1]) for c in f.calls() if c[2] == "systemctl" and c[3] == verb)
+
+
+def test_restart_takes_one_replica_on_its_nodes_the_other_and_the_router_untouched(tmp_path, capsys, port):
+    f = fleet(tmp_path, port)
+    rc, out, err = _control(oncall_restart, f, capsys, "--replica", "r1", "--ready-timeout", "20")
+    assert rc == 0, out + err
+    assert _changed(f, "stop") == [("node3", "llmfleet-demo-r1.service"), ("node4", "llmfleet-demo-r1.service")]
+    # node4 leads r1: started first
+    assert [n for _, n in sorted((c[0], c[1]) for c in f.calls() if c[3] == "start")] == ["node4", "node3"]
+    assert "READY: every unit active" in out
+
+
+def test_stop_takes_one_replica(tmp_path, capsys, port):
+    f = fleet(tmp_path, port)
+    rc, out, err = _control(oncall_stop, f, capsys, "--replica", "r0")
+    assert rc == 0, out + err
+    assert _changed(f, "stop") == [("node1", "llmfleet-demo-r0.service"), ("node2", "llmfleet-demo-r0.service")]
+    assert f.unit_state("node4", "llmfleet-demo-r1.service")["ActiveState"] == "active"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ((), "demo runs as replicas (r0, r1) behind llmfleet-demo-router.service: name one with --replica NAME"),
+        (("--replica", "r7"), "--replica r7: demo has no such replica: name one of r0, r1"),
+    ],
+)
+def test_a_deployment_of_replicas_needs_a_replica_named(tmp_path, capsys, port, argv, says):
+    f = fleet(tmp_path, port)
+    for mod in (oncall_stop, oncall_restart):
+        rc, _, err = _control(mod, f, capsys, *argv)
+        assert rc == 2 and says in err and "Traceback" not in err, err
+    assert _changed(f, "stop") == [] and _changed(f, "start") == []
+
+
+def test_replica_on_a_deployment_of_one_instance_is_refused(tmp_path, capsys):
+    f = Fakes(tmp_path, ["node1", "node2"])
+    f.set_unit("node1")
+    f.set_unit("node2")
+    rc, _, err = _control(oncall_stop, f, capsys, "--replica", "r0")
+    assert rc == 2 and "--replica r0: demo has no llmfleet_replicas (it is one instance)" in err, err

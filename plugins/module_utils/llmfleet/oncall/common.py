@@ -8,6 +8,7 @@ use them; nothing a module imports imports this file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -188,6 +189,55 @@ def fleet_of(args: argparse.Namespace) -> Fleet:
         raise UsageError(problem)
     extra = parse_extra_vars(getattr(args, "extra_vars", None))
     return load_fleet(args.inventory, getattr(args, "deployment", None), extra, getattr(args, "limit", None))
+
+
+def replica_fleets(fleet: Fleet) -> list[Fleet]:
+    """Each replica of llmfleet_replicas as the engine role runs it: a deployment of its own, <deployment>-<name>,
+    on its nodes (the fleet's head first when the replica holds it, then the order given)."""
+    out = []
+    by_name = {n.name: n for n in fleet.nodes}
+    for r in fleet.replicas:
+        if not isinstance(r, dict) or not r.get("name"):
+            continue
+        names = [str(x) for x in r.get("nodes") or [] if str(x) in by_name]
+        names = [x for x in names if x == fleet.head.name] + [x for x in names if x != fleet.head.name]
+        dep = f"{fleet.deployment}-{r['name']}"
+        nodes = [
+            dataclasses.replace(
+                by_name[x], rank=i, head=i == 0, engine_dir=f"{by_name[x].engine_dir.rsplit('/', 1)[0]}/{dep}"
+            )
+            for i, x in enumerate(names)
+        ]
+        if nodes:
+            out.append(dataclasses.replace(fleet, deployment=dep, nodes=nodes, replicas=[]))
+    return out
+
+
+def add_replica_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replica", metavar="NAME",
+                   help="one replica of llmfleet_replicas (its own deployment <deployment>-<name>, on its nodes); "
+                   "a deployment of replicas takes one at a time, the others keep serving")  # fmt: skip
+
+
+def replica_target(args: argparse.Namespace, cmd: str) -> Fleet:
+    """The fleet a stop or restart acts on: the deployment, or with --replica one of its replicas. A deployment of
+    replicas needs --replica (all at once would stop serving); UsageError (exit 2) names the replicas."""
+    fleet = fleet_of(args)
+    name = getattr(args, "replica", None)
+    subs = {f.deployment[len(fleet.deployment) + 1 :]: f for f in replica_fleets(fleet)}
+    if name is None and subs:
+        raise UsageError(
+            f"{fleet.deployment} runs as replicas ({', '.join(subs)}) behind {fleet.router_unit()}: name one with "
+            f"--replica NAME ({cmd} one at a time, the others keep serving); to stop them all, "
+            "ansible-playbook playbooks/engine_stop.yml (the router first)"
+        )
+    if name is None:
+        return fleet
+    if not subs:
+        raise UsageError(f"--replica {name}: {fleet.deployment} has no llmfleet_replicas (it is one instance)")
+    if name not in subs:
+        raise UsageError(f"--replica {name}: {fleet.deployment} has no such replica: name one of {', '.join(subs)}")
+    return subs[name]
 
 
 def guarded(cmd: str, body: Callable[[], int]) -> int:

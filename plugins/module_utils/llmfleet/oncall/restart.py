@@ -27,6 +27,7 @@ POLL_S = 2.0
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_fleet_arguments(p, timeout=None)
     common.add_stop_timeout(p)
+    common.add_replica_argument(p)
     p.add_argument(
         "--ready-timeout",
         type=positive_seconds,
@@ -96,7 +97,7 @@ def wait_ready(fleet: Fleet, t: Any, started: list[dict], deadline_s: float, qui
 
 
 def _run(args: argparse.Namespace, transport: Any) -> int:
-    fleet = common.fleet_of(args)
+    fleet = common.replica_target(args, "restart")
     ready_timeout = args.ready_timeout or fleet.head.ready_deadline
     t = transport or AutoTransport()
     doc: dict[str, Any] = {"action": "restart", "deployment": fleet.deployment}

@@ -9,7 +9,6 @@ once. Exit 1 when anything is unhealthy.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import signal
 import time
 from typing import Any
@@ -28,6 +27,7 @@ from .common import (
     guarded,
     has_router,
     iso,
+    replica_fleets,
     serves_api,
     short,
     table,
@@ -238,28 +238,6 @@ def render(fleet: Fleet, nodes: list[dict], problems: list[str], elapsed: float)
     else:
         out.append("healthy")
     out.append(f"({elapsed:.2f} s)")
-    return out
-
-
-def replica_fleets(fleet: Fleet) -> list[Fleet]:
-    """Each replica of llmfleet_replicas as the engine role runs it: a deployment of its own, <deployment>-<name>,
-    on its nodes (the fleet's head first when the replica holds it, then the order given)."""
-    out = []
-    by_name = {n.name: n for n in fleet.nodes}
-    for r in fleet.replicas:
-        if not isinstance(r, dict) or not r.get("name"):
-            continue
-        names = [str(x) for x in r.get("nodes") or [] if str(x) in by_name]
-        names = [x for x in names if x == fleet.head.name] + [x for x in names if x != fleet.head.name]
-        dep = f"{fleet.deployment}-{r['name']}"
-        nodes = [
-            dataclasses.replace(
-                by_name[x], rank=i, head=i == 0, engine_dir=f"{by_name[x].engine_dir.rsplit('/', 1)[0]}/{dep}"
-            )
-            for i, x in enumerate(names)
-        ]
-        if nodes:
-            out.append(dataclasses.replace(fleet, deployment=dep, nodes=nodes, replicas=[]))
     return out
 
 

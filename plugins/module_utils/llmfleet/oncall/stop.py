@@ -24,6 +24,7 @@ STOPPED = ("inactive", "failed")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_fleet_arguments(p, timeout=None)
     common.add_stop_timeout(p)
+    common.add_replica_argument(p)
 
 
 def run(args: argparse.Namespace, transport: Any = None) -> int:
@@ -96,7 +97,7 @@ def render(docs: list[dict]) -> list[str]:
 
 
 def _run(args: argparse.Namespace, transport: Any) -> int:
-    fleet = common.fleet_of(args)
+    fleet = common.replica_target(args, "stop")
     t = transport or AutoTransport()
     try:
         _, results = stop_fleet(fleet, t, args.timeout)
