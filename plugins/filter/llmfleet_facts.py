@@ -65,6 +65,18 @@ def llmfleet_revision_dir(root: str, model: str, revision: str) -> str:
     return os.path.join(model_dir(str(root), model), revision)
 
 
+def llmfleet_serving_units(pairs) -> str:
+    """'' when no unit runs, else where each running unit runs, e.g. "node1, node2 (llmfleet-demo.service is
+    running)". pairs: (host, the results of the systemd_service loop over the deployment's units on it)."""
+    running: dict = {}
+    for host, results in pairs or []:
+        for r in results or []:
+            state = ((r or {}).get("status") or {}).get("ActiveState", "inactive")
+            if state in ("active", "activating", "reloading", "deactivating"):
+                running.setdefault(r.get("item") or r.get("name") or "?", []).append(str(host))
+    return "; ".join(f"{', '.join(hosts)} ({unit} is running)" for unit, hosts in running.items())
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -73,4 +85,5 @@ class FilterModule:
             "llmfleet_model_problem": llmfleet_model_problem,
             "llmfleet_stage_range_problems": llmfleet_stage_range_problems,
             "llmfleet_revision_dir": llmfleet_revision_dir,
+            "llmfleet_serving_units": llmfleet_serving_units,
         }

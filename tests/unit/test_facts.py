@@ -220,3 +220,28 @@ def test_the_new_names_alone_warn_of_nothing(tmp_path):
     rc, out, got = contract(tmp_path, llmfleet_model="m", llmfleet_model_revision=REV, llmfleet_nvme_path="/nv")
     assert rc == 0, out[-3000:]
     assert got == ["m", REV, "/nv/models"] and "DEPRECATED" not in out
+
+
+def _units(*states):
+    return [{"item": unit, "status": {"ActiveState": state}} for unit, state in states]
+
+
+def test_the_serving_guard_sees_every_unit_of_the_deployment_replicas_too():
+    """The guard of the steps that would disturb a serving deployment (roles/llmfleet/tasks/not_serving.yml) reads
+    the deployment's unit and, with llmfleet_replicas, each replica's: a replicated deployment serves although
+    llmfleet-<deployment>.service does not exist."""
+    serving = FILTERS["llmfleet_serving_units"]
+    one = [
+        ("node1", _units(("llmfleet-demo.service", "active"))),
+        ("node2", _units(("llmfleet-demo.service", "active"))),
+    ]
+    assert serving(one) == "node1, node2 (llmfleet-demo.service is running)"
+    replicas = [
+        ("node1", _units(("llmfleet-demo.service", "inactive"), ("llmfleet-demo-r0.service", "active"))),
+        ("node3", _units(("llmfleet-demo.service", "inactive"), ("llmfleet-demo-r1.service", "activating"))),
+        ("node4", _units(("llmfleet-demo.service", "inactive"), ("llmfleet-demo-r1.service", "failed"))),
+    ]
+    assert (
+        serving(replicas) == "node1 (llmfleet-demo-r0.service is running); node3 (llmfleet-demo-r1.service is running)"
+    )
+    assert serving([("node1", []), ("node2", _units(("llmfleet-demo.service", "inactive")))]) == ""
