@@ -3,7 +3,12 @@ installed into an empty collections path, `ansible-playbook llmfleet.fleet.site 
 outside the checkout whose ansible.cfg is the site's own (the collections path, the run callback enabled, pipelining;
 none of llmfleet's settings), no ANSIBLE_* of the suite, connecting as the operator `ops` with become (the lab
 inventory's group_vars). The ops host's Python finds no llmfleet package of its own: a decoy on PYTHONPATH fails any
-`python -m llmfleet` that does not take the collection's package."""
+`python -m llmfleet` that does not take the collection's package.
+
+Then the way out, from the same installed collection (`llmfleet.fleet.reset`) on the deployment that run left: a
+--check reset that changes nothing and lists what would go, a reset with the staged revision and the runtime that
+leaves no trace of the deployment on any node - except what another deployment installed on node2 still uses -, a
+second reset that changes nothing, and site.yml bringing the deployment back to serving."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import json
 import re
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
@@ -19,6 +25,17 @@ from tests.helpers import collection
 from tests.integration.conftest import LAB_NODES, ROOT, ssh
 
 NODES = [f"node{i}" for i in range(1, LAB_NODES + 1)]
+REV = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed"  # inventory/lab/group_vars/all.yml
+MODEL_DIR = "/mnt/nvme/models/demo-model"
+UNITS = ["llmfleet-demo.service", "llmfleet-demo-router.service"]
+# Where the engine, base and llmfleet roles put anything of a deployment or of the runtime.
+WHERE = "/var/log /etc/systemd /run/systemd/system /etc/llmfleet /var/lib/llmfleet /var/lib/node_exporter /mnt/nvme /opt /usr/local/bin"
+# Another deployment's files on node2, as the engine role writes them (a claim, its key, a unit naming the revision).
+OTHER = {
+    "/etc/llmfleet/gpus/other.json": '{"deployment": "other", "gpus": [], "ports": {}}',
+    "/etc/llmfleet/credentials/other.api-key": "other-key",
+    "/etc/systemd/system/llmfleet-other.service": f"[Service]\nExecStart=/bin/sleep infinity {MODEL_DIR}/{REV}\n",
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +69,42 @@ control_path_dir = {work}/cp
     for i, n in enumerate(NODES, 1):
         ssh(lab, n, "systemctl reset-failed 'llmfleet-*' || true", check=False)
         lab.wipe_nvme(lab.node(i))
+
+
+def ask():
+    body = {"model": "demo-model", "messages": [{"role": "user", "content": "What is 37\u00d719? Reply with only the number."}],
+            "temperature": 0}  # fmt: skip
+    req = urllib.request.Request("http://10.77.0.11:30000/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 (http to the lab head)
+        return json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+def recap_changed(stdout: str) -> dict[str, int]:
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", stdout, re.M)}
+
+
+def traces(lab, node: str) -> list[str]:
+    """Every path under the roles' places that names the deployment, or holds the runtime; the units systemd knows."""
+    found = ssh(lab, node, f"find {WHERE} \\( -name '*demo*' -o -path '/opt/llmfleet' -o -path '/usr/local/bin/llmfleet' "
+                           f"-o -path /etc/llmfleet/runtime.env -o -path /var/log/llmfleet \\) -print 2>/dev/null; "
+                           "grep -rl 'deployment=\"demo\"' /var/lib/node_exporter 2>/dev/null; true").stdout.split()  # fmt: skip
+    # A staging textfile is the model's (llmfleet_stage_<model>.prom, labelled with the deployment that staged it
+    # last): other models' (the staging lab tests stage several as demo) describe revisions a reset of demo keeps.
+    found = [p for p in found if not re.search(r"/llmfleet_stage_(?!demo-model\.prom$)[^/]*\.prom$", p)]
+    for u in UNITS:
+        state = ssh(lab, node, f"systemctl show {u} --property=LoadState --value").stdout.strip()
+        if state != "not-found":
+            found.append(f"{u}: LoadState={state}")
+    return sorted(set(found))
+
+
+@pytest.fixture
+def other_deployment(lab):
+    """node2's stand-in for another deployment (files only), gone again whatever the test's outcome: left behind,
+    its claim would stop every later deployment of the lab on node2."""
+    yield OTHER
+    ssh(lab, "node2", "rm -f " + " ".join(OTHER) + " && systemctl daemon-reload", check=False)
 
 
 def playbook(work, env, *args, check=True):
@@ -94,3 +147,84 @@ def test_site_from_the_installed_collection_as_ops(lab, site):
         users = set(re.findall(r"Accepted publickey for (\S+) from", log))
         assert "ops" in users, (n, users)
         assert re.search(r"sudo\[\d+\]: +ops : .*USER=root", log), (n, log[-3000:])
+
+
+def reset(work, env, reports, *extra):
+    t0 = time.monotonic()
+    cp = playbook(work, env, "llmfleet.fleet.reset", "-e", f"llmfleet_report_dir={reports}", *extra)
+    return cp, time.monotonic() - t0
+
+
+def test_reset_from_the_collection_removes_every_trace_and_a_second_reset_changes_nothing(lab, site, other_deployment):
+    _, work, env = site
+    reports = work / "reports"
+    # The premise: demo is the only deployment installed (an earlier lab test that leaves its own installed would keep
+    # the runtime in use on its nodes, and the assertions below would blame the reset).
+    for n in NODES:
+        units = ssh(lab, n, "ls /etc/systemd/system | grep '^llmfleet-.*\\.service$' || true").stdout.split()
+        others = [u for u in units if u not in UNITS]
+        assert not others, f"{n}: installed by an earlier lab test and not removed in its teardown: {others}"
+    seconds = {}
+    # The deployment the test above left serving (deployed here when this test runs alone).
+    if ssh(lab, "node1", "systemctl is-active llmfleet-demo.service", check=False).stdout.strip() != "active":
+        playbook(work, env, "llmfleet.fleet.site", "-e", f"llmfleet_report_dir={reports}",
+                 "-e", "llmfleet_stop_before_checks=true")  # fmt: skip
+    assert (reports / "file_sd" / "demo-engine.json").exists() and (reports / "endpoint-demo.json").exists()
+    for n in NODES:
+        assert traces(lab, n), n  # the check below can see what a deployment leaves
+    for path, text in other_deployment.items():
+        ssh(lab, "node2", f"echo '{text}' | tee {path} >/dev/null && chmod 0600 {path}")
+
+    # --check on the deployed fleet: lists what would go, changes nothing
+    cp, seconds["reset --check"] = reset(work, env, reports, "--check", "-e", "engine_reset_revisions=true",
+                                         "-e", "base_state=absent")  # fmt: skip
+    out = " ".join(cp.stdout.split())
+    for n in NODES:
+        assert f"{n}: demo would remove /etc/systemd/system/llmfleet-demo.service" in out, out[-6000:]
+        assert ssh(lab, n, "systemctl is-active llmfleet-demo.service", check=False).stdout.strip() == "active", n
+    assert (
+        f"{MODEL_DIR}/{REV}" in out and "kept" in out and "named by /etc/systemd/system/llmfleet-other.service" in out
+    )
+    assert ask() == "703"
+
+    # the reset, with the revision and the runtime
+    cp, seconds["reset"] = reset(work, env, reports, "-e", "engine_reset_revisions=true", "-e", "base_state=absent")
+    out = " ".join(cp.stdout.split())
+    assert "node2: runtime kept: still used by other" in out, out[-6000:]
+    for n in NODES:
+        left = traces(lab, n)
+        if n == "node2":  # the other deployment's revision and the runtime it runs on stay, and its files
+            assert left == sorted([MODEL_DIR, "/opt/llmfleet", "/usr/local/bin/llmfleet", "/etc/llmfleet/runtime.env",
+                                   "/var/log/llmfleet"]), left  # fmt: skip
+            ssh(lab, n, f"test -f {MODEL_DIR}/{REV}/config.json && test -d /var/lib/llmfleet")
+            for path in OTHER:
+                ssh(lab, n, f"test -f {path}")
+        else:
+            assert left == [], (n, left)
+        assert ssh(lab, n, "id llmfleet", check=False).returncode == 0  # the service account stays
+    assert not (reports / "file_sd" / "demo-engine.json").exists() and not (reports / "endpoint-demo.json").exists()
+    assert (reports / "engine-demo.json").exists()  # reports stay unless engine_reset_reports
+
+    # nothing left to do: a second reset changes nothing
+    cp, seconds["reset again"] = reset(work, env, reports, "-e", "engine_reset_revisions=true",
+                                       "-e", "base_state=absent")  # fmt: skip
+    changed = recap_changed(cp.stdout)
+    assert sorted(changed) == sorted([*NODES, "localhost"]) and set(changed.values()) == {0}, cp.stdout[-4000:]
+    print("seconds:", {k: round(v, 1) for k, v in seconds.items()})
+
+
+def test_site_from_the_collection_brings_a_reset_fleet_back(lab, site):
+    """After the reset above (node2's other deployment gone in its teardown): site.yml installs the runtime, stages
+    the revision and serves again; every node holds the deployment's files again."""
+    _, work, env = site
+    reports = work / "reports"
+    t0 = time.monotonic()
+    playbook(work, env, "llmfleet.fleet.site", "-e", f"llmfleet_report_dir={reports}",
+             "-e", "llmfleet_stop_before_checks=true")  # fmt: skip
+    print(f"site.yml after the reset: {time.monotonic() - t0:.0f} s")
+    assert ask() == "703"
+    for n in NODES:
+        assert ssh(lab, n, "systemctl is-active llmfleet-demo.service").stdout.strip() == "active", n
+        assert "/opt/llmfleet" in traces(lab, n), n  # the runtime, and the revision, back on every node
+        ssh(lab, n, f"test -f {MODEL_DIR}/{REV}/config.json")
+    assert (reports / "endpoint-demo.json").exists() and (reports / "file_sd" / "demo-engine.json").exists()

@@ -481,9 +481,10 @@ def shared_node(name, gpus, port, *extra, playbook="playbooks/engine.yml", check
 
 def test_two_deployments_share_a_node_on_disjoint_gpus(prepared):
     """Two deployments on one node, each on the GPUs it names: both serve, a third that wants one of their GPUs
-    is refused before anything is installed, and each stops without touching the other."""
+    is refused before anything is installed, and each is removed without touching the other."""
     lab = prepared
     engine(playbook="playbooks/engine_stop.yml")  # demo names no GPUs: stopped in order, it gives node1 back
+    removed = []
     try:
         for name, gpus, port in (("left", [0, 1], 30010), ("right", [2, 3], 30011)):
             shared_node(name, gpus, port)
@@ -505,13 +506,15 @@ def test_two_deployments_share_a_node_on_disjoint_gpus(prepared):
         clash = ssh(lab, "node1", "systemctl show llmfleet-clash.service -p LoadState --value").stdout.strip()
         assert clash == "not-found"
         assert ssh(lab, "node1", "test -e /etc/llmfleet/gpus/clash.json", check=False).returncode == 1
-        # Stopping one leaves the other serving, and gives its GPUs back.
-        shared_node("left", [0, 1], 30010, playbook="playbooks/engine_stop.yml")
+        # Removing one (stopped in order, then its files) leaves the other serving, and gives its GPUs back.
+        shared_node("left", [0, 1], 30010, playbook="playbooks/reset.yml")
+        removed.append("left")
         assert ssh(lab, "node1", "systemctl is-active llmfleet-left.service", check=False).stdout.strip() == "inactive"
         assert ssh(lab, "node1", "test -e /etc/llmfleet/gpus/left.json", check=False).returncode == 1
         assert ssh(lab, "node1", "systemctl is-active llmfleet-right.service").stdout.strip() == "active"
         assert ask(30011) == "703"
     finally:  # removed, not only stopped: installed, they keep node1's runtime in use for the later reset lab test
         for name, gpus, port in (("left", [0, 1], 30010), ("right", [2, 3], 30011)):
-            shared_node(name, gpus, port, playbook="playbooks/reset.yml", check=False)
+            if name not in removed:
+                shared_node(name, gpus, port, playbook="playbooks/reset.yml", check=False)
     assert sim_processes(lab, "node1") == ""

@@ -43,8 +43,6 @@ def check_the_metrics(lab):
 
 
 def test_site_installs_runtime_and_reports(lab, tmp_path):
-    """In the suite this runs right after test_reset.py, on the fleet its reset left (no runtime, no revision, no unit
-    of demo; node2's other deployment gone in its teardown): site.yml brings the deployment back from there."""
     run_ansible("ansible-playbook", "playbooks/site.yml", "-e", f"llmfleet_report_dir={tmp_path}")
     report = json.loads((tmp_path / "fleet-summary.json").read_text())
     assert sorted(report["nodes"]) == [f"node{i}" for i in range(1, LAB_NODES + 1)]
