@@ -58,6 +58,14 @@ def llmfleet_replica_router_exec(w, argv) -> list:
         raise AnsibleFilterError(str(e)) from None
 
 
+def llmfleet_in_flight(metrics) -> int | None:
+    """The requests a replica still answers or holds queued, from its /metrics text; None when the text has
+    none of the engines' gauges (a rollout then cannot wait for the replica to drain)."""
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine import replicas as r
+
+    return r.in_flight(metrics)
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -66,4 +74,5 @@ class FilterModule:
             "llmfleet_replica_router_argv": llmfleet_replica_router_argv,
             "llmfleet_replica_router_kind": llmfleet_replica_router_kind,
             "llmfleet_replica_router_exec": llmfleet_replica_router_exec,
+            "llmfleet_in_flight": llmfleet_in_flight,
         }

@@ -9,6 +9,7 @@ bounded client keeps asking through the router (the numbers are printed: sent, f
 are members again afterwards; the ordered stop leaves no unit active."""
 
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -32,11 +33,16 @@ VARS = {
     # The lab's client and the test reach the router from the machine (the lab's nodes are private netns hosts).
     "engine_replica_router_host": "0.0.0.0",  # noqa: S104 (the lab's private fabric)
 }
+REV_A = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed"  # inventory/lab/group_vars/all.yml
+# The same demo checkpoint staged as two more revisions (staging names a revision, it does not check a hub's).
+REV_B = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
+REV_C = "c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0"
 QUESTION = "What is 37\u00d719? Reply with only the number."
 
 
-def playbook(name, **more):
-    return run_ansible("ansible-playbook", f"playbooks/{name}.yml", "-e", json.dumps({**VARS, **more}), timeout=900)
+def playbook(name, check=True, **more):
+    return run_ansible("ansible-playbook", f"playbooks/{name}.yml", "-e", json.dumps({**VARS, **more}), timeout=900,
+                       check=check)  # fmt: skip
 
 
 def unit(lab, node, name, prop):
@@ -90,10 +96,8 @@ def prepared(lab):
     yield lab
     # Remove the replicas (units, claims, credentials, state) rather than only stop them: an installed replica is
     # another deployment on the node, and later lab tests (site, reset, trust) would meet its claim.
-    try:
-        playbook("reset")
-    finally:
-        playbook("engine_stop")
+    if playbook("reset", check=False).returncode != 0:
+        playbook("engine_stop", check=False)
     for n in NODES:  # a unit a fault left failed would leave the node's systemd "degraded" for later tests
         ssh(lab, n, "systemctl reset-failed 'llmfleet-demo*' || true")
     for i in range(1, len(NODES) + 1):
@@ -157,6 +161,102 @@ def test_two_replicas_behind_vllm_router_and_one_heals_alone(prepared):
     } == r1_before
     assert client.sent > 0 and client.failed <= 1, (client.sent, client.failed, client.errors[:5])
     assert ask() == "703"
+
+
+def revisions(lab):
+    """The revision each replica's unit names, per node."""
+    out = {}
+    for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
+        text = ssh(lab, node, f"cat /etc/systemd/system/llmfleet-demo-{rep}.service").stdout
+        out[node] = sorted(set(re.findall(r"/demo-model/([0-9a-f]{40})", text)))
+    return out
+
+
+def start_times(lab):
+    return {(n, r): unit(lab, n, f"llmfleet-demo-{r}.service", "ExecMainStartTimestampMonotonic")
+            for n, r in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1"))}  # fmt: skip
+
+
+def test_a_rolling_revision_change_never_stops_serving_and_a_failed_step_rolls_back(prepared, tmp_path):
+    """playbooks/rollout.yml under a steady client through the router: --check prints the plan and restarts nothing;
+    the change to revision B stages it, then moves r0 and then r1 (each out of the router, drained, restarted,
+    gated, back in) with no failed request; a change to revision C whose first start fails on replica 0 (a crash
+    at load on rank 1, node2, injected once with the simulator's fault: the stand-in for a bad revision) puts r0
+    back on B, gated and in the router, stops there naming it, and leaves r1 on B - still no failed request."""
+    lab = prepared
+    reports = tmp_path / "reports"
+    base = {"llmfleet_report_dir": str(reports)}
+    assert playbook("engine", **base).returncode == 0  # the first test's deployment, or a fresh one when run alone
+    rev_a = REV_A
+    assert set(map(tuple, revisions(lab).values())) == {(rev_a,)}
+    started = start_times(lab)
+
+    cp = run_ansible("ansible-playbook", "playbooks/rollout.yml", "--check", "-e",
+                     json.dumps({**VARS, **base, "llmfleet_model_revision": REV_B}), timeout=900)  # fmt: skip
+    flat = " ".join(cp.stdout.split())
+    for rep in ("r0", "r1"):
+        assert f"demo-{rep} on" in flat and f"revision {rev_a} -> {REV_B}" in flat, flat[-5000:]
+    assert start_times(lab) == started and set(map(tuple, revisions(lab).values())) == {(rev_a,)}
+
+    client = Client()
+    client.start()
+    t0 = time.monotonic()
+    cp = run_ansible("ansible-playbook", "playbooks/rollout.yml", "-e",
+                     json.dumps({**VARS, **base, "llmfleet_model_revision": REV_B}), timeout=900, check=False)  # fmt: skip
+    rolled_s = time.monotonic() - t0
+    time.sleep(2)
+    good = (client.sent, client.failed, client.gap, list(client.errors))
+    assert cp.returncode == 0, cp.stdout[-6000:]
+    flat = " ".join(cp.stdout.split())
+    assert "demo-r0: drained" in flat and "demo-r1: drained" in flat, flat[-6000:]  # the simulator's request gauges
+    assert set(map(tuple, revisions(lab).values())) == {(REV_B,)}, revisions(lab)
+    assert all(started[k] != v for k, v in start_times(lab).items())  # every replica restarted, one at a time
+    record = json.loads((reports / "rollout-demo.json").read_text())
+    assert [(s["replica"], s["outcome"]) for s in record["steps"]] == [("r0", "rolled"), ("r1", "rolled")], record
+    assert record["runs"] == {"r0": REV_B, "r1": REV_B} and record["complete"] is True
+    assert set(workers()) == set(WORKERS) and all(workers().values())
+
+    # A step that fails: replica 0's first start on C crashes at load (rank 1, node2), once.
+    r1_on_b = {k: v for k, v in start_times(lab).items() if k[1] == "r1"}
+    env = {"LLMFLEET_SIM_STATE_DIR": "{{ engine_state_dir }}/{{ llmfleet_deployment }}/sim",
+           "LLMFLEET_SIM_FAULT": "crash:rank=1:phase=load:once"}  # fmt: skip
+    t0 = time.monotonic()
+    cp = run_ansible("ansible-playbook", "playbooks/rollout.yml", "-e",
+                     json.dumps({**VARS, **base, "llmfleet_model_revision": REV_C, "engine_env": env}),
+                     timeout=900, check=False)  # fmt: skip
+    failed_s = time.monotonic() - t0
+    time.sleep(2)
+    client.stop.set()
+    client.join(30)
+    flat = " ".join(cp.stdout.split())
+    print(f"\nrollout: A -> B in {rolled_s:.0f} s, client {good[0]} sent, {good[1]} failed, longest gap {good[2]:.1f} s; "
+          f"B -> C failed on r0 and rolled back in {failed_s:.0f} s; client in all {client.sent} sent, "
+          f"{client.failed} failed, longest gap {client.gap:.1f} s; errors {client.errors[:3]}")  # fmt: skip
+    assert cp.returncode != 0
+    assert (f"The rollout of demo to revision {REV_C} stopped at replica r0 (demo-r0 on node1, node2)" in flat
+            and f"It is back on revision {REV_B}, gated and in the router" in flat), flat[-6000:]  # fmt: skip
+    assert "node2" in flat.split("stopped at replica r0", 1)[1], flat[-4000:]
+    assert set(map(tuple, revisions(lab).values())) == {(REV_B,)}, revisions(lab)
+    assert {k: v for k, v in start_times(lab).items() if k[1] == "r1"} == r1_on_b  # r1 never touched
+    record = json.loads((reports / "rollout-demo.json").read_text())
+    assert [(s["replica"], s["outcome"]) for s in record["steps"]] == [("r0", "rolled back")], record
+    assert record["runs"] == {"r0": REV_B} and record["not_reached"] == ["r1"] and record["complete"] is False
+    assert set(workers()) == set(WORKERS) and all(workers().values())
+    assert good[0] > 0 and good[1] == 0, good
+    assert client.failed == 0, (client.sent, client.failed, client.errors[:5])
+    assert ask() == "703"
+
+    # The steps that would disturb a serving deployment see its replicas' units (there is no llmfleet-demo.service).
+    cp = run_ansible("ansible-playbook", "playbooks/preflight.yml", "-e", json.dumps(VARS), check=False)
+    flat = " ".join(cp.stdout.split())
+    assert (
+        cp.returncode != 0
+        and (
+            "demo is serving on node1, node2 (llmfleet-demo-r0.service is running); node3, node4 "
+            "(llmfleet-demo-r1.service is running)"
+        )
+        in flat
+    ), flat[-4000:]
 
     cp = playbook("engine_stop")
     assert cp.returncode == 0, cp.stdout[-4000:]

@@ -3,6 +3,7 @@ replica), and the argv of the router in front of them."""
 
 import pytest
 
+from llmfleet.engine import replicas
 from llmfleet.engine.replicas import ReplicaError, expand, router_argv, router_exec, router_kind
 
 NODES = ["node1", "node2", "node3", "node4"]
@@ -180,3 +181,33 @@ def test_router_exec_runs_under_the_wrapper_with_the_key_by_credential_name_only
     with pytest.raises(ReplicaError, match="sglang-router takes the replicas' API key only on its command line"):
         router_exec({**w, "kind": "sglang-router"}, ["sglang-router"])
     assert "--secret-env" not in router_exec({**w, "kind": "sglang-router", "api_key": False}, ["sglang-router"])
+
+
+# What the real engines' /metrics show (vLLM 0.32 CPU build, SGLang 0.5 names as in contrib/grafana): the rollout
+# drains a replica until these are 0.
+VLLM_METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="det-model"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="det-model"} 1.0
+# HELP vllm:num_requests_running_created a counter's companion, not a gauge of ours
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="det-model"} 40.0
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "left"),
+    [
+        (VLLM_METRICS, 3),
+        (VLLM_METRICS.replace("2.0", "0.0").replace("} 1.0", "} 0.0"), 0),
+        ('sglang:num_running_reqs{model_name="m"} 4.0\nsglang:num_queue_reqs{model_name="m"} 0.0\n', 4),
+        ("vllm:num_requests_running 1\n", 1),  # no labels
+        ("# llmfleet engine simulator\nllmfleet_sim_serving 1\n", None),  # no gauge we know: nothing to wait for
+        ("", None),
+        (None, None),
+        ('vllm:num_requests_running{engine="0"} not-a-number\n', None),
+    ],
+)
+def test_in_flight_sums_the_engines_request_gauges(text, left):
+    assert replicas.in_flight(text) == left

@@ -110,6 +110,9 @@ class Api:
         self.started = time.monotonic()
         self.hung = threading.Event()  # set once the hang fired (its WARNING line is printed once)
         self.server: ThreadingHTTPServer | None = None
+        # Generation requests being answered: /metrics shows them under the engine's own gauge names (a rollout
+        # drains a replica on them).
+        self.in_flight, self.in_flight_lock = 0, threading.Lock()
 
     def start(self) -> None:
         cfg = self.cfg
@@ -273,7 +276,13 @@ class ApiHandler(BaseHTTPRequestHandler):
             return self.send_json(200, {"version": VERSIONS[flavour]})
         if path == "/metrics" and method == "GET":
             ok = 1 if state.serving() else 0
-            return self.send_text(200, f"# llmfleet engine simulator\nllmfleet_sim_serving {ok}\n")
+            model, n = api.cfg["served"][0], api.in_flight
+            # As the engines name them (vLLM 0.32 and SGLang 0.5 /metrics): requests running, requests queued.
+            gauges = {"vllm": (f'vllm:num_requests_running{{engine="0",model_name="{model}"}} {float(n)}\n'
+                               f'vllm:num_requests_waiting{{engine="0",model_name="{model}"}} 0.0\n'),
+                      "sglang": (f'sglang:num_running_reqs{{model_name="{model}"}} {float(n)}\n'
+                                 f'sglang:num_queue_reqs{{model_name="{model}"}} 0.0\n')}[flavour]  # fmt: skip
+            return self.send_text(200, f"# llmfleet engine simulator\nllmfleet_sim_serving {ok}\n{gauges}")
         if path == "/get_model_info" and flavour == "sglang" and method == "GET":
             return self.send_json(200, {"model_path": api.cfg["model"], "tokenizer_path": api.cfg["model"],
                                         "is_generation": True})  # fmt: skip
@@ -284,7 +293,13 @@ class ApiHandler(BaseHTTPRequestHandler):
             if path == "/v1/models" and method == "GET":
                 return self.send_json(200, api.models())
             if path in ("/v1/chat/completions", "/v1/completions") and method == "POST":
-                return self._generate(path)
+                with api.in_flight_lock:
+                    api.in_flight += 1
+                try:
+                    return self._generate(path)
+                finally:
+                    with api.in_flight_lock:
+                        api.in_flight -= 1
         if path in ("/v1/models", "/v1/chat/completions", "/v1/completions", "/health_generate", *health):
             return self.send_json(405, {"detail": "Method Not Allowed"})
         return self.send_json(404, {"detail": "Not Found"})

