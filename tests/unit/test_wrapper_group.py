@@ -73,14 +73,16 @@ def _proc(root, pid, pgid, title, maps=""):
 def test_a_worker_seen_then_gone_is_named_once_with_its_log_rank(tmp_path):
     proc = tmp_path / "proc"
     _proc(proc, 10, 10, "vllm serve /m")
-    _proc(proc, 11, 10, "VLLM::EngineCore", "7f00-7f01 rw-s 0 00:1a 5 /dev/shm/psm_abc\n")
-    _proc(proc, 12, 10, "VLLM::Worker_TP1", "7f00-7f01 rw-s 0 00:1a 6 /dev/shm/gone (deleted)\n")
+    _proc(proc, 11, 10, "VLLM::EngineCore", "7f00-7f01 rw-s 00000000 00:1a 5     /dev/shm/psm_abc\n"
+          "7f02-7f03 r-xp 00000000 fe:00 9     /usr/lib/x.so\n")  # fmt: skip
+    # a semaphore's creator maps it under glibc's temporary name, unlinked once linked to its real one
+    _proc(proc, 12, 10, "VLLM::Worker_TP1", "7f00-7f01 rw-s 00000000 00:1a 6     /dev/shm/sem.DxaUGp (deleted)\n")
     _proc(proc, 13, 99, "VLLM::Worker_TP0")  # another group's: never ours
     w = group.GroupWatch(proc=str(proc))
     w.note_line("(VllmWorker-1 pid=12) WARNING 12-04 15:12:28 [vllm.py:725] Model Runner V2 requires Triton")
     w.note_line("(VllmWorker-5 pid=77) WARNING a replayed line: that pid was never seen in the group")
     assert w.scan(10, 1.0) is None
-    assert w.shm == {"psm_abc"}
+    assert w.shm == {(0, 0x1A, 5), (0, 0x1A, 6)}
     (proc / "12" / "stat").unlink()
     gone = w.scan(10, 2.0)
     assert gone == {"pid": 12, "rank": 1, "seen_at": 1.0, "title": "VLLM::Worker_TP1", "tp": 1, "pp": None,
@@ -92,13 +94,18 @@ def test_a_worker_seen_then_gone_is_named_once_with_its_log_rank(tmp_path):
     )
 
 
-def test_remove_shm_removes_only_this_accounts_regular_files(tmp_path):
+def _key(path):
+    st = os.lstat(path)
+    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+
+
+def test_remove_shm_removes_only_what_the_group_mapped_and_this_accounts_regular_files(tmp_path):
     shm = tmp_path / "shm"
     shm.mkdir()
     for name in ("psm_1", "other", "sem.mp-1", "link"):
         (shm / name).write_bytes(b"x" * 10) if name != "link" else (shm / name).symlink_to(shm / "other")
     w = group.GroupWatch(shm_dir=str(shm))
-    w.shm = {"psm_1", "sem.mp-1", "link", "missing"}
+    w.shm = {_key(shm / n) for n in ("psm_1", "sem.mp-1", "link")} | {(0, 1, 123456789)}
     if os.geteuid() == 0:  # another account's segment is never removed
         os.chown(shm / "sem.mp-1", 65534, 65534)
         assert w.remove_shm() == (1, 10)
@@ -111,8 +118,10 @@ def test_remove_shm_removes_only_this_accounts_regular_files(tmp_path):
 # The double: like vLLM's engine core, it starts a worker (titled as vLLM titles it) that maps a /dev/shm segment,
 # logs the worker's first line with its rank tag, and then waits for ever for that worker (ignoring SIGTERM).
 DOUBLE = """
-import mmap, os, signal, sys, time
+import mmap, multiprocessing, os, signal, sys, time
 shm = sys.argv[1]
+lock = multiprocessing.get_context("spawn").Lock()  # a named semaphore, as vLLM's executor makes one
+print(f"semaphore {lock._semlock.name}", flush=True)
 fd = os.open(shm, os.O_RDWR | os.O_CREAT, 0o600)
 os.ftruncate(fd, 4096)
 m = mmap.mmap(fd, 4096)
@@ -138,8 +147,11 @@ def test_a_worker_killed_during_start_up_is_named_and_its_shared_memory_removed(
     rec = tmp_path / "r.json"
     p = subprocess.Popen([PY, "-m", "llmfleet", "exec", "--record", str(rec), "--stop-timeout", "60", "--", PY, "-c",
                           DOUBLE, str(shm)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    sem = None
     try:
         for line in p.stdout:
+            if line.startswith("semaphore /"):
+                sem = Path("/dev/shm") / f"sem.{line.split('/')[1].strip()}"
             if line.startswith("worker "):
                 os.kill(int(line.split()[1]), signal.SIGKILL)
                 break
@@ -150,10 +162,11 @@ def test_a_worker_killed_during_start_up_is_named_and_its_shared_memory_removed(
         fr = r["failed_rank"]
         assert (fr["tp"], fr["pp"], fr["rank"]) == (1, None, 1) and "vanished" in fr["line"], fr
         assert r["killed_after_timeout"] and "ignored SIGTERM for 1.5 s" in r["reason"]
-        assert not shm.exists() and bystander.exists()
-        assert "removed 1 shared memory segment(s)" in errs, errs[-2000:]
+        assert sem is not None and not shm.exists() and not sem.exists() and bystander.exists()
+        assert "removed 2 shared memory segment(s)" in errs, errs[-2000:]
     finally:
         if p.poll() is None:
             p.kill()
-        for f in (shm, bystander):
-            f.unlink(missing_ok=True)
+        for f in (shm, bystander, sem):
+            if f is not None:
+                f.unlink(missing_ok=True)

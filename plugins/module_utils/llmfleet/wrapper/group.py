@@ -59,24 +59,26 @@ def rank_tag(line: str) -> tuple[int, int] | None:
     return (int(m.group(2)), int(m.group(1))) if m else None
 
 
-def shm_mapped(pid: int, proc: str = "/proc", shm_dir: str = SHM_DIR) -> set[str]:
-    """Names of the files directly in shm_dir that the process maps (POSIX shared memory and semaphores)."""
-    names = set()
+def shm_mapped(pid: int, proc: str = "/proc", shm_dir: str = SHM_DIR) -> set[tuple[int, int, int]]:
+    """(device major, minor, inode) of the files in shm_dir that the process maps (POSIX shared memory and
+    semaphores). By inode, not name: glibc's sem_open creates a semaphore under a temporary name, maps it, links it
+    to its real name and unlinks the temporary one, so its creator's maps show ``sem.XXXXXX (deleted)``."""
+    keys = set()
     prefix = shm_dir.rstrip("/") + "/"
     try:
         with open(os.path.join(proc, str(pid), "maps"), encoding="utf-8", errors="replace") as f:
             for line in f:
-                i = line.find(prefix)
-                if i < 0:
+                fields = line.split(None, 5)  # address perms offset dev inode path
+                if len(fields) < 6 or not fields[5].startswith(prefix):
                     continue
-                name = line[i + len(prefix) :].rstrip("\n")
-                if name.endswith(" (deleted)"):  # unlinked already: nothing to remove
+                major, _, minor = fields[3].partition(":")
+                try:
+                    keys.add((int(major, 16), int(minor, 16), int(fields[4])))
+                except ValueError:
                     continue
-                if name and "/" not in name:
-                    names.add(name)
     except OSError:
         pass
-    return names
+    return keys
 
 
 def describe(worker: dict[str, Any]) -> str:
@@ -101,7 +103,7 @@ class GroupWatch:
         self.lock = threading.Lock()
         self.tags: dict[int, int] = {}  # pid -> global rank, from the log
         self.workers: dict[int, dict[str, Any]] = {}  # worker processes seen alive in the group
-        self.shm: set[str] = set()
+        self.shm: set[tuple[int, int, int]] = set()  # (device major, minor, inode) of what the group mapped
         self.gone: dict[str, Any] | None = None  # the first worker that vanished
 
     def note_line(self, line: str) -> bool:
@@ -121,16 +123,16 @@ class GroupWatch:
         once seen alive in the group with a worker title or a rank tag (a tag alone, e.g. a replayed log, is not)."""
         live = pids_in_group(pgid, self.proc)
         seen: dict[int, dict[str, Any]] = {}
-        names: set[str] = set()
+        keys: set[tuple[int, int, int]] = set()
         for pid in live:
             if workers:
                 w = worker_of(read_title(pid, self.proc))
                 if w is not None or pid in self.tags:
                     seen[pid] = w or {"title": None, "tp": None, "pp": None}
             if shm:
-                names |= shm_mapped(pid, self.proc, self.shm_dir)
+                keys |= shm_mapped(pid, self.proc, self.shm_dir)
         with self.lock:
-            self.shm |= names
+            self.shm |= keys
             if not workers:
                 return None
             for pid, w in seen.items():
@@ -145,16 +147,23 @@ class GroupWatch:
         return None
 
     def remove_shm(self) -> tuple[int, int]:
-        """After the group is dead: remove the segments it mapped that are still there and this account's own regular
-        files (never another account's, never through a link); (files removed, bytes)."""
+        """After the group is dead: remove the files in shm_dir that it mapped (same device and inode) and that are
+        this account's own regular files (never another account's, never through a link); (files removed, bytes)."""
         count = size = 0
         with self.lock:
-            names = sorted(self.shm)
+            seen = set(self.shm)
+        if not seen:
+            return 0, 0
+        try:
+            names = sorted(os.listdir(self.shm_dir))
+        except OSError:
+            return 0, 0
         for name in names:
             path = os.path.join(self.shm_dir, name)
             try:
                 st = os.lstat(path)
-                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                key = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+                if key not in seen or not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                     continue
                 os.unlink(path)
             except OSError:
