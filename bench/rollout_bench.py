@@ -110,14 +110,20 @@ class Load:
                 "during_s": round(t2 - t1, 1)}  # fmt: skip
 
 
-def scenario(load: Load, action, settle: float = 10.0) -> dict:
+def scenario(name: str, load: Load, action, settle: float = 10.0) -> dict:
+    """One scenario under the load; a scenario that fails is a row saying so (the others still run)."""
     t0 = time.monotonic()
     time.sleep(settle)
     t1 = time.monotonic()
-    note = action()
+    try:
+        note = action()
+    except SystemExit as e:
+        note = f"FAILED: {e}"
     t2 = time.monotonic()
     time.sleep(settle)
-    return dict(load.stats(t0, t1, t2, time.monotonic()), note=note)
+    row = dict(load.stats(t0, t1, t2, time.monotonic()), note=note)
+    print(name, json.dumps(row), flush=True)
+    return row
 
 
 def converge(playbook: str, rev: str) -> str:
@@ -148,7 +154,9 @@ def wait_healed(lab, what: str, before: int, deadline: float = 240) -> str:
         if active and healthy and now > before:
             return f"{what}; replica 0 restarted"
         time.sleep(1)
-    raise SystemExit(f"{what}: replica 0 did not heal within {deadline} s")
+    units = " ".join(f"llmfleet-demo-{r}.service" for r in ("r0", "r1"))
+    state = ssh(lab, "node1", f"systemctl status --no-pager -n 30 {units} 2>&1 | tail -60")
+    raise SystemExit(f"{what}: replica 0 did not heal within {deadline} s; node1:\n{state}")
 
 
 def main() -> int:
@@ -169,15 +177,18 @@ def main() -> int:
         # The alternative's revision is staged before the load starts (rollout.yml stages its own in its span).
         play("playbooks/model_stage.yml", "-e", json.dumps({"llmfleet_model_revision": REVS[2]}))
         with Load(a.clients) as load:
-            rows["rollout.yml (revision change)"] = scenario(load, lambda: converge("rollout", REVS[1]))
-            rows["engine.yml (the same change as a converge)"] = scenario(load, lambda: converge("engine", REVS[2]))
+            name = "rollout.yml (revision change)"
+            rows[name] = scenario(name, load, lambda: converge("rollout", REVS[1]))
+            name = "engine.yml (the same change as a converge)"
+            rows[name] = scenario(name, load, lambda: converge("engine", REVS[2]))
 
             def kill() -> str:
                 before = restarts(lab)
                 ssh(lab, "node2", "pkill -KILL -o -f '[e]ngine_sim.py'")
                 return wait_healed(lab, "rank SIGKILLed", before)
 
-            rows["a rank of replica 0 SIGKILLed"] = scenario(load, kill)
+            name = "a rank of replica 0 SIGKILLed"
+            rows[name] = scenario(name, load, kill)
 
             def hang() -> str:
                 pid = ssh(lab, "node1", "systemctl show llmfleet-demo-r0.service -p MainPID --value").strip()
@@ -186,7 +197,8 @@ def main() -> int:
                 ssh(lab, "node1", f"kill -STOP {api}")
                 return wait_healed(lab, f"API process {api} SIGSTOPped", before)
 
-            rows["replica 0 hung (its API process stopped)"] = scenario(load, hang)
+            name = "replica 0 hung (its API process stopped)"
+            rows[name] = scenario(name, load, hang)
         play("playbooks/reset.yml", "-e", json.dumps(VARS))
     finally:
         lab.down()
@@ -207,7 +219,8 @@ def main() -> int:
         "|---|---|---|---|---|---|",
     ]
     for name, r in rows.items():
-        lines.append(f"| {name} | {r['during_s']:.0f} s | {r['sent']} | {r['failed']} | {r['gap_s']:.1f} s | "
+        failed = " (" + r["note"].splitlines()[0] + ")" if r["note"].startswith("FAILED") else ""
+        lines.append(f"| {name}{failed} | {r['during_s']:.0f} s | {r['sent']} | {r['failed']} | {r['gap_s']:.1f} s | "
                      f"{r['before']:.1f} / {r['during']:.1f} / {r['after']:.1f} |")  # fmt: skip
     text = "\n".join(lines) + "\n"
     print(text)
