@@ -70,8 +70,17 @@ def unit_show(lab, node: str, unit: str, prop: str) -> str:
 
 
 # /dev/shm entries no live process maps: what a killed engine left there (RAM lost until the node reboots).
-ORPHAN_SHM = ("sudo -n bash -c 'comm -23 <(ls -1d /dev/shm/* 2>/dev/null | sort) "
-              "<(cat /proc/[0-9]*/maps 2>/dev/null | grep -o \"/dev/shm/[^ ]*\" | sort -u)'")  # fmt: skip
+# By inode: glibc maps a new semaphore under a temporary name, so its creator's maps never name it.
+ORPHAN_SHM = (
+    "sudo -n python3 -c 'import glob, os\n"
+    "mapped = set()\n"
+    'for maps in glob.glob("/proc/[0-9]*/maps"):\n'
+    "    try:\n"
+    '        mapped |= {int(ln.split()[4]) for ln in open(maps) if " /dev/shm/" in ln}\n'
+    "    except (OSError, IndexError, ValueError):\n"
+    "        pass\n"
+    'print(" ".join(p for p in sorted(glob.glob("/dev/shm/*")) if os.lstat(p).st_ino not in mapped))\''
+)
 
 
 def orphan_shm(lab) -> dict[str, list[str]]:

@@ -273,6 +273,7 @@ class Wrapper:
         """The first stop request (main thread, after the engine set its stop deadline)."""
         if self.health is not None:
             self.health.close()  # a probe in flight ends now: it never delays a stop
+        self._before_kill()  # what the group maps now, all of it still alive (the 5 s scan may have missed the newest)
         failure = self._unhealthy_reason() if self.unhealthy else self._rank_died_reason() if self.rank_died else None
         if failure:
             self.notifier.send("STOPPING=1", f"STATUS=stopping: {failure[:200]}")
