@@ -261,7 +261,7 @@ def in_flight(metrics: Any) -> int | None:
     engine's gauges over their label sets); None when the text has none of them (not an engine we know)."""
     total, seen = 0.0, False
     for line in str(metrics or "").splitlines():
-        name, _, rest = line.partition("{") if "{" in line.split(" ", 1)[0] else line.partition(" ")
+        name, _sep, rest = line.partition("{") if "{" in line.split(" ", 1)[0] else line.partition(" ")
         if name not in IN_FLIGHT_GAUGES:
             continue
         value = rest.rsplit("}", 1)[-1].split() if "}" in rest else rest.split()

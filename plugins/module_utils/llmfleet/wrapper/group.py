@@ -71,7 +71,7 @@ def shm_mapped(pid: int, proc: str = "/proc", shm_dir: str = SHM_DIR) -> set[tup
                 fields = line.split(None, 5)  # address perms offset dev inode path
                 if len(fields) < 6 or not fields[5].startswith(prefix):
                     continue
-                major, _, minor = fields[3].partition(":")
+                major, _sep, minor = fields[3].partition(":")
                 try:
                     keys.add((int(major, 16), int(minor, 16), int(fields[4])))
                 except ValueError:
