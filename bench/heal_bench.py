@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from engine_bench import LIMIT, REAL_VARS, VLLM, play, ready_run, ssh  # noqa: E402
 
 from tests.helpers.det_model import write_det_model  # noqa: E402
+from tests.helpers.orphan_shm import ORPHAN_SHM  # noqa: E402
 from tests.lab import demo_model  # noqa: E402
 from tests.lab.labctl import default_lab  # noqa: E402
 
@@ -67,20 +68,6 @@ def answer(port: int, model: str) -> str | None:
 
 def unit_show(lab, node: str, unit: str, prop: str) -> str:
     return ssh(lab, node, f"systemctl show {unit} -p {prop} --value").strip()
-
-
-# /dev/shm entries no live process maps: what a killed engine left there (RAM lost until the node reboots).
-# By inode: glibc maps a new semaphore under a temporary name, so its creator's maps never name it.
-ORPHAN_SHM = (
-    "sudo -n python3 -c 'import glob, os\n"
-    "mapped = set()\n"
-    'for maps in glob.glob("/proc/[0-9]*/maps"):\n'
-    "    try:\n"
-    '        mapped |= {int(ln.split()[4]) for ln in open(maps) if " /dev/shm/" in ln}\n'
-    "    except (OSError, IndexError, ValueError):\n"
-    "        pass\n"
-    'print(" ".join(p for p in sorted(glob.glob("/dev/shm/*")) if os.lstat(p).st_ino not in mapped))\''
-)
 
 
 def orphan_shm(lab) -> dict[str, list[str]]:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.helpers.det_model import write_det_model
+from tests.helpers.orphan_shm import ORPHAN_SHM
 from tests.integration.conftest import ROOT, oncall, run_ansible, ssh
 
 VENV = ROOT / ".venv-vllm"
@@ -87,21 +88,6 @@ def real_vars(**more):
 
 def engine(*extra, playbook="playbooks/engine.yml", timeout=900):
     return run_ansible("ansible-playbook", playbook, "--limit", ",".join(NODES), *extra, check=False, timeout=timeout)
-
-
-# /dev/shm entries no live process maps: what a killed engine left (vLLM's SIGKILLed group leaves ~700 MiB there;
-# the wrapper removes what its engine mapped, docs/wrapper.md).
-# By inode: glibc maps a new semaphore under a temporary name, so its creator's maps never name it.
-ORPHAN_SHM = (
-    "sudo -n python3 -c 'import glob, os\n"
-    "mapped = set()\n"
-    'for maps in glob.glob("/proc/[0-9]*/maps"):\n'
-    "    try:\n"
-    '        mapped |= {int(ln.split()[4]) for ln in open(maps) if " /dev/shm/" in ln}\n'
-    "    except (OSError, IndexError, ValueError):\n"
-    "        pass\n"
-    'print(" ".join(p for p in sorted(glob.glob("/dev/shm/*")) if os.lstat(p).st_ino not in mapped))\''
-)
 
 
 def orphan_shm(lab):
