@@ -116,6 +116,9 @@ def test_two_replicas_behind_vllm_router_and_one_heals_alone(prepared):
         assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") == "active", node
     assert unit(lab, "node1", "llmfleet-demo-router.service", "ActiveState") == "active"
     assert "vllm-router" in unit(lab, "node1", "llmfleet-demo-router.service", "ExecStart")
+    # Each replica's head unit carries the serving health probe on its own API (a hung replica is healed).
+    for node, rep in (("node1", "r0"), ("node3", "r1")):
+        assert "--health-url http://127.0.0.1:8000" in unit(lab, node, f"llmfleet-demo-{rep}.service", "ExecStart")
     assert set(workers()) == set(WORKERS) and all(workers().values())
     assert ask() == "703"
     for base in WORKERS:  # each replica answers on its own

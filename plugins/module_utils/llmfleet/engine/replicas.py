@@ -182,6 +182,8 @@ def router_kind(router: Any, engine: Any) -> str:
 
 # How the router checks its workers and retries a request (docs/engine.md): a dead replica leaves the rotation
 # after failure_threshold x interval seconds, and a request that met it meanwhile is retried on another.
+# sglang-router 0.3.2's console scripts (one CLI): each needs its `launch` subcommand to start the router alone.
+SGLANG_ROUTER_CLIS = ("sglang-router", "smg", "amg")
 HEALTH = {"interval": 2, "timeout": 2, "failures": 2, "successes": 2}
 
 
@@ -199,7 +201,9 @@ def router_argv(spec: Mapping) -> list[str]:
     port = _int(spec.get("port"))
     if not 0 < port < 65536:
         raise ReplicaError(f"engine_replica_router_port={spec.get('port')!r} is not a TCP port (1-65535)")
-    argv = [*command, *(["launch"] if kind == "sglang-router" and command == [kind] else [])]
+    # sglang-router's CLI has subcommands: without `launch` (a path to it as well) it prints its help and exits 0.
+    launch = kind == "sglang-router" and command[-1].rsplit("/", 1)[-1] in SGLANG_ROUTER_CLIS
+    argv = [*command, *(["launch"] if launch else [])]
     argv += ["--host", str(spec.get("host") or "127.0.0.1"), "--port", str(port), "--worker-urls", *urls]
     argv += ["--policy", "round_robin"]
     argv += ["--health-check-interval-secs", str(HEALTH["interval"]), "--health-check-timeout-secs",
