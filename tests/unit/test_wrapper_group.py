@@ -170,3 +170,53 @@ def test_a_worker_killed_during_start_up_is_named_and_its_shared_memory_removed(
         for f in (shm, bystander, sem):
             if f is not None:
                 f.unlink(missing_ok=True)
+
+
+class _Ticks:
+    """The watcher's wake event, recording each tick it waits (no time passes): the mechanism, not wall time."""
+
+    def __init__(self, wrapper, ready_after):
+        self.wrapper, self.ready_after, self.waits = wrapper, ready_after, []
+
+    def wait(self, timeout):
+        self.waits.append(timeout)
+        if len(self.waits) == self.ready_after:
+            self.wrapper.obs.ready = True
+        if len(self.waits) == 2 * self.ready_after:
+            self.wrapper.watching.set()
+        return False
+
+    def clear(self):
+        pass
+
+
+def test_the_group_watch_ticks_fast_before_ready_and_slow_after(monkeypatch):
+    """Before: one tick (1 s) throughout, so a worker killed during start-up was seen up to 1 s late and every node
+    was down 3.1-3.2 s after the kill (goal 3 s)."""
+    from llmfleet.wrapper import run
+
+    w = run.Wrapper(run.build_parser().parse_args([]), ["true"])
+    w.engine.pid = os.getpid()
+    monkeypatch.setattr(w.group, "scan", lambda *a, **k: None)
+    ticks = _Ticks(w, ready_after=3)
+    w.watch_now = ticks
+    w._watch_group()
+    assert ticks.waits[:3] == [run.WATCH_START_S] * 3 and run.WATCH_START_S <= 0.25
+    assert ticks.waits[3:] == [run.WATCH_S] * 3
+
+
+def test_a_stop_the_wrapper_asks_for_reads_the_group_before_signalling_it(monkeypatch):
+    """Before: the link's (or a dead rank's, or the probe's) stop signalled the group first and read its /dev/shm
+    mappings after, in the main loop: a process that ended on the signal at once had unmapped a segment made since
+    the last 5 s scan (vLLM's scheduler-output queue on the head, when a peer died during start-up), left it in
+    /dev/shm, and no scan saw it."""
+    from llmfleet.wrapper import process
+
+    order = []
+    monkeypatch.setattr(process, "_killpg", lambda pgid, sig: order.append(("signal", sig)))
+    eng = process.EngineProcess(10.0, lambda: None, before_kill=lambda: order.append("scan"))
+    eng.pid = 4242
+    eng.request_stop()
+    eng.request_stop()  # a second request: no second scan
+    assert order == ["scan", ("signal", signal.SIGTERM), ("signal", signal.SIGTERM)]
+    assert eng.stop_requested

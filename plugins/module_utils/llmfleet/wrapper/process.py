@@ -106,7 +106,11 @@ class EngineProcess:
             self.stop_requested = True
 
     def request_stop(self, signum: int = signal.SIGTERM) -> None:
-        """A stop the wrapper itself asks for (the deployment link, from its thread): as if systemd had sent it."""
+        """A stop the wrapper itself asks for (the deployment link, from its thread): as if systemd had sent it.
+        before_kill first, while the group is untouched: a process that ends on the signal unmaps what it made (a
+        vLLM message queue created since the last scan) without removing it, and a scan after the signal misses it."""
+        if not self.stop_requested and self.pid is not None:
+            self.before_kill()
         self._on_signal(signum, None)
 
     def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
