@@ -142,7 +142,19 @@ def startup_run(lab, engine: str) -> dict:
     serving = time.time() - t0
     recs = records_1(lab, dep)
     n2 = recs["node2"]
+    # What each wrapper removed from /dev/shm when the kill's run ended (its journal): the leftover's evidence.
+    since = int(t0) - 5
+    removed = {
+        n: ssh(
+            lab,
+            n,
+            f"sudo -n journalctl -q -o cat -u llmfleet-{dep}.service --since @{since} "
+            "| grep 'shared memory segment' || true",
+        ).split("\n")[:3]
+        for n in ("node1", "node2")
+    }
     return {
+        "shm_removed": {n: [ln for ln in v if ln] for n, v in removed.items()},
         "named": n2.get("reason", "")[:160],
         "failed_rank": n2.get("failed_rank"),
         "node2_saw_s": (n2.get("stop_requested_at") or n2["ended_at"]) - t0,
