@@ -271,12 +271,25 @@ def _hang_rows(h: list[dict], cols: list[str]) -> list[str]:
     ]
 
 
+def real_runs(lab, runs: int, hang: bool) -> tuple[list[dict], list[dict], list[dict]]:
+    """The real engine's kill, start-up kill and hang runs, on two nodes."""
+    write_det_model(lab.shared / "det-model")
+    for pb in ("base", "topology"):
+        play(f"playbooks/{pb}.yml", "--limit", "node1,node2")
+    heals = [heal_run(lab, "vllm-cpu") for _ in range(runs)]
+    starts = [startup_run(lab, "vllm-cpu") for _ in range(runs)]
+    hangs = [hang_run(lab, "vllm-cpu", heals[i]["cold_s"]) for i in range(runs)] if hang else []
+    play("playbooks/engine_stop.yml", *REAL2)
+    return heals, starts, hangs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--engine", choices=["both", "sim", "vllm-cpu"], default="both")
     ap.add_argument("--no-baseline", action="store_true", help="skip the run without the link (up to 10 min)")
+    ap.add_argument("--no-hang", action="store_true", help="skip the real engine's hang run (a few minutes)")
     a = ap.parse_args()
     engines = ["sim", "vllm-cpu"] if a.engine == "both" else [a.engine]
     if "vllm-cpu" in engines and not (VLLM / ".installed").exists():
@@ -296,13 +309,7 @@ def main() -> int:
             if not a.no_baseline:
                 baseline = without_link(lab)
         if "vllm-cpu" in engines:
-            write_det_model(lab.shared / "det-model")
-            for pb in ("base", "topology"):
-                play(f"playbooks/{pb}.yml", "--limit", "node1,node2")
-            rows["vllm-cpu"] = [heal_run(lab, "vllm-cpu") for _ in range(a.runs)]
-            starts = [startup_run(lab, "vllm-cpu") for _ in range(a.runs)]
-            hangs = [hang_run(lab, "vllm-cpu", rows["vllm-cpu"][i]["cold_s"]) for i in range(a.runs)]
-            play("playbooks/engine_stop.yml", *REAL2)
+            rows["vllm-cpu"], starts, hangs = real_runs(lab, a.runs, hang=not a.no_hang)
     finally:
         lab.down()
     med = statistics.median
