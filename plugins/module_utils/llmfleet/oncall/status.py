@@ -38,8 +38,9 @@ from .common import (
 # An operator's stop, however it ended (deployment-stopped: the link stopped this node with another one stopped on
 # request).
 NOT_A_FAILURE = (None, "clean-stop", "stop-timeout", "deployment-stopped")
-# Failures the wrapper itself ends by stopping the engine (its record then says stop_requested): still failures.
-SELF_STOPPED_FAILURES = ("rank-died", "unhealthy-while-serving")
+# Failures the wrapper itself ends by stopping the engine, or the link because a peer failed (the record then says
+# stop_requested): still failures.
+SELF_STOPPED_FAILURES = ("rank-died", "unhealthy-while-serving", "peer-failed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
