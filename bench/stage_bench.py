@@ -300,7 +300,8 @@ def bench_fleet(nodes: int, gb: float) -> tuple[str, dict]:
             "lease_dir": "/mnt/shared-rw/llmfleet/leases",
         }
         out = subprocess.run(
-            [str(BIN / "ansible"), "node1", *base, "-o", "-m", "llmfleet_model_manifest", "-a", json.dumps(margs)],
+            [str(BIN / "ansible"), "node1", *base, "-o", "-m", "llmfleet.fleet.llmfleet_model_manifest",
+             "-a", json.dumps(margs)],
             cwd=ROOT, env=env, check=True, capture_output=True, text=True,
         ).stdout  # fmt: skip
         manifest_path = json.loads(out.split("=>", 1)[1])["manifest_path"]
@@ -332,8 +333,8 @@ def bench_fleet(nodes: int, gb: float) -> tuple[str, dict]:
         }  # fmt: skip
         c0, t0 = busy_cpu_s(), time.monotonic()
         subprocess.run(
-            [str(BIN / "ansible"), "llmfleet_nodes", *base, "-f", str(nodes), "-m", "llmfleet_model_stage",
-             "-a", json.dumps(alone)],
+            [str(BIN / "ansible"), "llmfleet_nodes", *base, "-f", str(nodes),
+             "-m", "llmfleet.fleet.llmfleet_model_stage", "-a", json.dumps(alone)],
             cwd=ROOT, env=env, check=True, capture_output=True,
         )  # fmt: skip
         every, every_cpu = time.monotonic() - t0, busy_cpu_s() - c0

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -88,7 +89,7 @@ def run_torrent(lab: Lab, nodes: int, py: str, torrent: str, manifest: str) -> d
         argv = [py, str(NODE_SCRIPT), "node", "--torrent", torrent, "--me", n.ip, "--peers", ips,
                 "--manifest", manifest, "--done", "/mnt/shared-rw/torrent-done", "--nodes", str(nodes)]  # fmt: skip
         argv += ["--save", "/mnt/shared", "--seed"] if i == 1 else ["--save", "/mnt/nvme/torrent"]
-        cp = n.nsenter(*argv, timeout=600)
+        cp = n.nsenter(*argv, timeout=300)
         if cp.returncode:
             raise SystemExit(f"{n.name}: the libtorrent node failed ({cp.returncode}):\n{cp.stderr[-2000:]}")
         return json.loads(cp.stdout.strip().splitlines()[-1])
@@ -123,7 +124,8 @@ def measure(lab: Lab, nodes: int, gb: float, repeat: int, py: str) -> tuple[str,
     margs = {"source": "/mnt/shared/fleet", "model": "fleet", "revision": REV, "cache_dir": "/mnt/shared-rw/llmfleet",
              "lease_dir": "/mnt/shared-rw/llmfleet/leases"}  # fmt: skip
     out = subprocess.run(
-        [str(BIN / "ansible"), "node1", *base, "-o", "-m", "llmfleet_model_manifest", "-a", json.dumps(margs)],
+        [str(BIN / "ansible"), "node1", *base, "-o", "-m", "llmfleet.fleet.llmfleet_model_manifest",
+             "-a", json.dumps(margs)],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     manifest = json.loads(out.split("=>", 1)[1])["manifest_path"]
@@ -191,6 +193,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped (SIGTERM): taking the lab down"))
     WORK.mkdir(parents=True, exist_ok=True)
     py = torrent_python()  # before the lab is up: nodes see the host's files as they were at boot
     lab = Lab(name="sf", subnet="10.82.0")

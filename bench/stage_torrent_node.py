@@ -56,6 +56,21 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def verify(a: argparse.Namespace, ses: lt.session, h: lt.torrent_handle, root: Path, deadline: float) -> None:
+    """The same check as llmfleet's staging: every landed file's sha256 against the manifest, then durable."""
+    # Complete means every piece passed libtorrent's own hash, which can read blocks still queued for the
+    # disk: flush them before reading the files back.
+    h.flush_cache()
+    while not any(isinstance(al, lt.cache_flushed_alert) for al in ses.pop_alerts()):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{a.me}: the disk cache was not flushed within {a.timeout} s")
+        ses.wait_for_alert(100)
+    manifest = json.loads(Path(a.manifest).read_text())
+    bad = [e["path"] for e in manifest["files"] if sha256_file(root / e["path"]) != e["sha256"]]
+    if bad:
+        raise SystemExit(f"{a.me}: sha256 differs from the manifest: {', '.join(bad)}")
+
+
 def node(a: argparse.Namespace) -> dict:
     t0, io0 = time.monotonic(), proc_io()
     ses = lt.session(
@@ -68,7 +83,8 @@ def node(a: argparse.Namespace) -> dict:
             "enable_incoming_utp": False,  # TCP, as llmfleet's peers: uTP costs CPU a LAN does not need
             "enable_outgoing_utp": False,
             "allow_multiple_connections_per_ip": True,
-            "alert_mask": lt.alert_category.error,
+            "alert_mask": lt.alert_category.error | lt.alert_category.storage,
+            "min_reconnect_time": 1,
         }
     )
     atp = lt.add_torrent_params()
@@ -77,11 +93,16 @@ def node(a: argparse.Namespace) -> dict:
     if a.seed:
         atp.flags |= lt.torrent_flags.seed_mode  # the source is whole: pieces are hashed when first sent
     h = ses.add_torrent(atp)
-    for ip in a.peers.split(","):
-        if ip and ip != a.me:
-            h.connect_peer((ip, PORT))
     done_dir = Path(a.done)
+    peers = [ip for ip in a.peers.split(",") if ip and ip != a.me]
     deadline = t0 + a.timeout
+    # No tracker: every node dials every other. A dial to a node that is not listening yet is retried after a
+    # back-off of a minute, so every node first says it listens and waits for the others (as a tracker would).
+    (done_dir / f"ready-{a.me}").write_text("listening\n")
+    while len(list(done_dir.glob("ready-*"))) < a.nodes and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for ip in peers:
+        h.connect_peer((ip, PORT))
     while not h.status().is_seeding:
         if time.monotonic() > deadline:
             raise SystemExit(f"{a.me}: not complete after {a.timeout} s: {h.status().progress:.1%}")
@@ -92,15 +113,11 @@ def node(a: argparse.Namespace) -> dict:
     got = time.monotonic()
     verify_s = 0.0
     if not a.seed:
-        manifest = json.loads(Path(a.manifest).read_text())
-        root = Path(a.save) / atp.ti.name()
-        bad = [e["path"] for e in manifest["files"] if sha256_file(root / e["path"]) != e["sha256"]]
-        if bad:
-            raise SystemExit(f"{a.me}: sha256 differs from the manifest: {', '.join(bad)}")
+        verify(a, ses, h, Path(a.save) / atp.ti.name(), deadline)
         verify_s = time.monotonic() - got
-    (done_dir / a.me).write_text("done\n")
+    (done_dir / f"done-{a.me}").write_text("done\n")
     done_at = time.monotonic()
-    while len(list(done_dir.iterdir())) < a.nodes:  # serve until every node has its copy
+    while len(list(done_dir.glob("done-*"))) < a.nodes:  # serve until every node has its copy
         if time.monotonic() > deadline:
             raise SystemExit(f"{a.me}: peers not done after {a.timeout} s")
         time.sleep(0.05)
@@ -133,7 +150,7 @@ def main() -> int:
         n.add_argument(flag, required=True)
     n.add_argument("--nodes", type=int, required=True)
     n.add_argument("--seed", action="store_true")
-    n.add_argument("--timeout", type=float, default=540)
+    n.add_argument("--timeout", type=float, default=240)
     a = ap.parse_args()
     print(json.dumps(make(a.src, a.out) if a.cmd == "make" else node(a)))
     return 0
