@@ -280,7 +280,9 @@ def test_a_site_rerun_on_serving_replicas_changes_nothing_and_skips_the_disturbi
     site.yml re-run converges with changed=0 on every node, restarts no unit, and skips preflight and the NCCL check
     (they would bind the engine's ports and take its GPUs), saying so in the output and in the run's report."""
     lab = prepared
-    cp = playbook("engine", llmfleet_deployment="demo")
+    # The SGLang simulator (acceptance's tools check passes there), the run's report directory made by this first run.
+    day2 = {**SGLANG, "llmfleet_report_dir": str(tmp_path)}
+    cp = playbook("engine", llmfleet_deployment="demo", **day2)
     assert cp.returncode == 0, cp.stdout[-5000:]
     for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
         assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") == "active", node
@@ -288,12 +290,13 @@ def test_a_site_rerun_on_serving_replicas_changes_nothing_and_skips_the_disturbi
     before = start_times(lab)
     router_before = unit(lab, "node1", "llmfleet-demo-router.service", "ExecMainStartTimestampMonotonic")
 
-    cp = run_ansible("ansible-playbook", "playbooks/site.yml", "-e", json.dumps({**VARS, "llmfleet_report_dir": str(tmp_path)}),
+    cp = run_ansible("ansible-playbook", "playbooks/site.yml", "-e", json.dumps({**VARS, **day2}),
                      timeout=900, check=False)  # fmt: skip
     flat = " ".join(cp.stdout.split())
     assert cp.returncode == 0, cp.stdout[-5000:]
     recap = dict(re.findall(r"(node\d) *: ok=\d+ +changed=(\d+)", cp.stdout))
-    assert recap == {n: "0" for n in NODES}, (recap, cp.stdout[-3000:])
+    changed = re.findall(r"TASK \[([^\]]+)\][^\n]*\n(?:(?!TASK \[).*\n)*?changed: \[(node\d)", cp.stdout)
+    assert recap == {n: "0" for n in NODES}, (recap, changed)
     assert start_times(lab) == before
     assert unit(lab, "node1", "llmfleet-demo-router.service", "ExecMainStartTimestampMonotonic") == router_before
     serving = ("demo is serving on node1, node2 (llmfleet-demo-r0.service is running); node3, node4 "
@@ -305,3 +308,14 @@ def test_a_site_rerun_on_serving_replicas_changes_nothing_and_skips_the_disturbi
     assert any(w.startswith(f"nccl_check skipped: {serving}") for w in warnings), warnings
     assert not (tmp_path / "preflight.json").exists() and not (tmp_path / "nccl-check.json").exists()
     assert ask() == "703"
+
+    # A revision change on the serving replicas through a plain converge is refused before anything is written,
+    # naming playbooks/rollout.yml; nothing restarts.
+    cp = playbook("engine", check=False, llmfleet_model_revision=REV_B, **day2)
+    flat = " ".join(cp.stdout.split())
+    assert cp.returncode != 0, flat[-4000:]
+    assert (f"demo serves r0 (demo-r0 on node1, node2, revision {REV_A}); r1 (demo-r1 on node3, node4, revision {REV_A}),"
+            f" and this run names revision {REV_B}") in flat, flat[-4000:]  # fmt: skip
+    assert "playbooks/rollout.yml" in flat
+    assert start_times(lab) == before
+    assert set(map(tuple, revisions(lab).values())) == {(REV_A,)}
