@@ -170,6 +170,11 @@ def test_two_replicas_behind_sglang_router_and_one_heals_alone(prepared):
     } == r1_before
     assert client.sent > 0 and client.failed <= 1, (client.sent, client.failed, client.errors[:5])
     assert ask() == "703"
+    # Stopped in order (router first): the next test starts the vLLM profile fresh rather than converging a serving
+    # deployment onto another engine.
+    assert playbook("engine_stop", **SGLANG).returncode == 0
+    for node, rep in (("node1", "r0"), ("node3", "r1")):
+        assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") in ("inactive", "failed"), node
 
 
 def revisions(lab):
