@@ -55,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="journal entries since T, as journalctl takes it ('2026-11-29 10:00', 'yesterday', --since=-2h)",
     )
     p.add_argument("--max-mib", type=_mib, default=16, help="newest MiB kept per unit journal (default 16)")
+    common.add_replica_argument(p)
 
 
 def _mib(text: str) -> int:
@@ -183,7 +184,8 @@ def _run(args: argparse.Namespace, transport: Any) -> int:
     out = check_output(args.output)
     if args.since is not None and not SINCE_RE.match(args.since):
         raise UsageError(f"--since {args.since!r}: give a time journalctl takes, e.g. '2026-11-29 10:00' or -2h")
-    fleet = common.fleet_of(args)
+    # --replica: that replica's own deployment (its units, records and nodes).
+    fleet = common.replica_target(args, "bundle") if getattr(args, "replica", None) else common.fleet_of(args)
     caps = {"journal": args.max_mib * MIB, "kernel": max(1, args.max_mib // 2) * MIB, "record": 4 * MIB,
             "nvidia": 4 * MIB}  # fmt: skip
     t = transport or AutoTransport()

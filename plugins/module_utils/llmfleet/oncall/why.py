@@ -30,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-o", "--output", dest="keep", metavar="DIR", help="collecting: keep the bundle in DIR (new or empty)"
     )
     alias(p, "--keep", "-o/--output", "keep")
+    common.add_replica_argument(p)
 
 
 def run(args: argparse.Namespace, transport: Any = None) -> int:
@@ -43,6 +44,35 @@ def run(args: argparse.Namespace, transport: Any = None) -> int:
 
 
 def _collect_and_analyse(args: argparse.Namespace, transport: Any) -> int:
+    """One bundle and its verdict; a deployment of replicas gets one per replica (--replica: that one), each verdict
+    under a line that names the replica, so that a failure says which replica it is."""
+    fleet = common.fleet_of(args)
+    if not fleet.replicas:
+        if getattr(args, "replica", None):
+            common.replica_target(args, "why")  # names the mistake (one instance)
+        return _collect_one(args, transport)
+    names = (
+        [args.replica]
+        if args.replica
+        else [r.deployment[len(fleet.deployment) + 1 :] for r in common.replica_fleets(fleet)]
+    )
+    if args.json and len(names) > 1:
+        raise UsageError(f"{fleet.deployment} runs as replicas ({', '.join(names)}): --json answers for one, "
+                         "name it with --replica NAME")  # fmt: skip
+    codes = []
+    for name in names:
+        rargs = argparse.Namespace(**vars(args))
+        rargs.replica = name
+        sub = common.replica_target(rargs, "why")
+        if args.keep and len(names) > 1:
+            rargs.keep = os.path.join(args.keep, name)
+        if not args.json:
+            print(f"replica {name} ({sub.deployment} on {', '.join(n.name for n in sub.nodes)}):", flush=True)
+        codes.append(_collect_one(rargs, transport))
+    return max(codes)
+
+
+def _collect_one(args: argparse.Namespace, transport: Any) -> int:
     with tempfile.TemporaryDirectory(prefix="llmfleet-why-") as tmp:  # mode 0700: journals may hold secrets
         out = args.keep or os.path.join(tmp, "bundle")
         bargs = argparse.Namespace(**vars(args))
