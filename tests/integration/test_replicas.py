@@ -170,7 +170,57 @@ def test_two_replicas_behind_sglang_router_and_one_heals_alone(prepared):
     } == r1_before
     assert client.sent > 0 and client.failed <= 1, (client.sent, client.failed, client.errors[:5])
     assert ask() == "703"
-    # Stopped in order (router first): the next test starts the vLLM profile fresh rather than converging a serving
+
+
+def test_a_site_rerun_on_serving_replicas_changes_nothing_and_skips_the_disturbing_checks(prepared, tmp_path):
+    """Day 2: the replicas serve (started with `-e llmfleet_deployment=demo`, which must not rename them); a plain
+    site.yml re-run converges with changed=0 on every node, restarts no unit, and skips preflight and the NCCL check
+    (they would bind the engine's ports and take its GPUs), saying so in the output and in the run's report."""
+    lab = prepared
+    # The SGLang simulator (acceptance's tools check passes there), the run's report directory made by this first run.
+    day2 = {**SGLANG, "llmfleet_report_dir": str(tmp_path)}
+    cp = playbook("engine", llmfleet_deployment="demo", **day2)
+    assert cp.returncode == 0, cp.stdout[-5000:]
+    for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
+        assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") == "active", node
+        assert unit(lab, node, "llmfleet-demo.service", "LoadState") == "not-found", node
+    # What an earlier site.yml leaves on the ops host: the report directory as acceptance makes it (0755), the
+    # report role's file_sd targets (engine.yml runs no report).
+    tmp_path.chmod(0o755)
+    assert run_ansible("ansible-playbook", "playbooks/report.yml", "-e", json.dumps({**VARS, **day2})).returncode == 0
+    before = start_times(lab)
+    router_before = unit(lab, "node1", "llmfleet-demo-router.service", "ExecMainStartTimestampMonotonic")
+
+    cp = run_ansible("ansible-playbook", "playbooks/site.yml", "-e", json.dumps({**VARS, **day2}),
+                     timeout=900, check=False)  # fmt: skip
+    flat = " ".join(cp.stdout.split())
+    assert cp.returncode == 0, cp.stdout[-5000:]
+    recap = dict(re.findall(r"(node\d) *: ok=\d+ +changed=(\d+)", cp.stdout))
+    changed = re.findall(r"TASK \[([^\]]+)\][^\n]*\n(?:(?!TASK \[).*\n)*?changed: \[(node\d)", cp.stdout)
+    assert recap == {n: "0" for n in NODES}, f"{recap}\n" + "\n".join(map(str, changed))
+    assert start_times(lab) == before
+    assert unit(lab, "node1", "llmfleet-demo-router.service", "ExecMainStartTimestampMonotonic") == router_before
+    serving = ("demo is serving on node1, node2 (llmfleet-demo-r0.service is running); node3, node4 "
+               "(llmfleet-demo-r1.service is running)")  # fmt: skip
+    for tag in ("preflight", "nccl_check"):
+        assert f"SKIPPED {tag}: {serving}" in flat, flat[-4000:]
+    warnings = json.loads((tmp_path / "fleet-summary.json").read_text())["warnings"]
+    assert any(w.startswith(f"preflight skipped: {serving}") for w in warnings), warnings
+    assert any(w.startswith(f"nccl_check skipped: {serving}") for w in warnings), warnings
+    assert not (tmp_path / "preflight.json").exists() and not (tmp_path / "nccl-check.json").exists()
+    assert ask() == "703"
+
+    # A revision change on the serving replicas through a plain converge is refused before anything is written,
+    # naming playbooks/rollout.yml; nothing restarts.
+    cp = playbook("engine", check=False, llmfleet_model_revision=REV_B, **day2)
+    flat = " ".join(cp.stdout.split())
+    assert cp.returncode != 0, flat[-4000:]
+    assert (f"demo serves r0 (demo-r0 on node1, node2, revision {REV_A}); r1 (demo-r1 on node3, node4, revision {REV_A}),"
+            f" and this run names revision {REV_B}") in flat, flat[-4000:]  # fmt: skip
+    assert "playbooks/rollout.yml" in flat
+    assert start_times(lab) == before
+    assert set(map(tuple, revisions(lab).values())) == {(REV_A,)}
+    # Stopped in order (router first): the rollout test starts the vLLM profile fresh rather than converging a serving
     # deployment onto another engine.
     assert playbook("engine_stop", **SGLANG).returncode == 0
     for node, rep in (("node1", "r0"), ("node3", "r1")):
@@ -278,53 +328,3 @@ def test_a_rolling_revision_change_never_stops_serving_and_a_failed_step_rolls_b
     assert unit(lab, "node1", "llmfleet-demo-router.service", "ActiveState") in ("inactive", "failed")
     for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
         assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") in ("inactive", "failed"), node
-
-
-def test_a_site_rerun_on_serving_replicas_changes_nothing_and_skips_the_disturbing_checks(prepared, tmp_path):
-    """Day 2: the replicas serve (started with `-e llmfleet_deployment=demo`, which must not rename them); a plain
-    site.yml re-run converges with changed=0 on every node, restarts no unit, and skips preflight and the NCCL check
-    (they would bind the engine's ports and take its GPUs), saying so in the output and in the run's report."""
-    lab = prepared
-    # The SGLang simulator (acceptance's tools check passes there), the run's report directory made by this first run.
-    day2 = {**SGLANG, "llmfleet_report_dir": str(tmp_path)}
-    cp = playbook("engine", llmfleet_deployment="demo", **day2)
-    assert cp.returncode == 0, cp.stdout[-5000:]
-    for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
-        assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") == "active", node
-        assert unit(lab, node, "llmfleet-demo.service", "LoadState") == "not-found", node
-    # What an earlier site.yml leaves on the ops host: the report directory as acceptance makes it (0755), the
-    # report role's file_sd targets (engine.yml runs no report).
-    tmp_path.chmod(0o755)
-    assert run_ansible("ansible-playbook", "playbooks/report.yml", "-e", json.dumps({**VARS, **day2})).returncode == 0
-    before = start_times(lab)
-    router_before = unit(lab, "node1", "llmfleet-demo-router.service", "ExecMainStartTimestampMonotonic")
-
-    cp = run_ansible("ansible-playbook", "playbooks/site.yml", "-e", json.dumps({**VARS, **day2}),
-                     timeout=900, check=False)  # fmt: skip
-    flat = " ".join(cp.stdout.split())
-    assert cp.returncode == 0, cp.stdout[-5000:]
-    recap = dict(re.findall(r"(node\d) *: ok=\d+ +changed=(\d+)", cp.stdout))
-    changed = re.findall(r"TASK \[([^\]]+)\][^\n]*\n(?:(?!TASK \[).*\n)*?changed: \[(node\d)", cp.stdout)
-    assert recap == {n: "0" for n in NODES}, f"{recap}\n" + "\n".join(map(str, changed))
-    assert start_times(lab) == before
-    assert unit(lab, "node1", "llmfleet-demo-router.service", "ExecMainStartTimestampMonotonic") == router_before
-    serving = ("demo is serving on node1, node2 (llmfleet-demo-r0.service is running); node3, node4 "
-               "(llmfleet-demo-r1.service is running)")  # fmt: skip
-    for tag in ("preflight", "nccl_check"):
-        assert f"SKIPPED {tag}: {serving}" in flat, flat[-4000:]
-    warnings = json.loads((tmp_path / "fleet-summary.json").read_text())["warnings"]
-    assert any(w.startswith(f"preflight skipped: {serving}") for w in warnings), warnings
-    assert any(w.startswith(f"nccl_check skipped: {serving}") for w in warnings), warnings
-    assert not (tmp_path / "preflight.json").exists() and not (tmp_path / "nccl-check.json").exists()
-    assert ask() == "703"
-
-    # A revision change on the serving replicas through a plain converge is refused before anything is written,
-    # naming playbooks/rollout.yml; nothing restarts.
-    cp = playbook("engine", check=False, llmfleet_model_revision=REV_B, **day2)
-    flat = " ".join(cp.stdout.split())
-    assert cp.returncode != 0, flat[-4000:]
-    assert (f"demo serves r0 (demo-r0 on node1, node2, revision {REV_A}); r1 (demo-r1 on node3, node4, revision {REV_A}),"
-            f" and this run names revision {REV_B}") in flat, flat[-4000:]  # fmt: skip
-    assert "playbooks/rollout.yml" in flat
-    assert start_times(lab) == before
-    assert set(map(tuple, revisions(lab).values())) == {(REV_A,)}
