@@ -139,3 +139,66 @@ def test_a_partition_heals_by_itself_and_the_node_the_others_lost_is_named(prepa
     while (st := oncall(lab, tmp_path, "status")).returncode != 0 and time.monotonic() < deadline:
         time.sleep(2)
     assert st.returncode == 0 and "healthy" in st.stdout, st.stdout[-3000:]
+
+
+def host_off(lab, off):
+    """node2's host off, or back on: off freezes every process of the node (its systemd, sshd, the engine: the cgroup
+    freezer) and takes its link down, so nothing of it answers the fabric or the ops host. On again, the engine's
+    processes are killed before the node thaws (a host that rebooted has none left; systemd then starts the unit as
+    at boot, through its restart) and the link comes back up. A stand-in for a power cut: the lab's nodes keep their
+    root filesystem in memory, so a real reboot would come back without the deployment."""
+    node = lab.node(2)
+    if off:
+        (node.cgroup / "cgroup.freeze").write_text("1")
+        run(["ip", "link", "set", node.veth, "down"])
+        return
+    for cg in node.cgroup.rglob(UNIT):
+        (cg / "cgroup.kill").write_text("1")
+    (node.cgroup / "cgroup.freeze").write_text("0")
+    run(["ip", "link", "set", node.veth, "up"])
+
+
+def test_a_host_down_is_named_lost_and_the_others_wait_for_it_visibly(prepared, tmp_path):
+    """node2's host goes off while the deployment serves: `status` says node2 is unreachable and missing at the link,
+    `why` names it lost (nothing of it could be collected), node1 and node3 wait at the barrier (one restart each,
+    no crash loop); once the host is back on, the deployment serves `703` again with no command run."""
+    lab = prepared
+    cp = engine()  # the first test's deployment (nothing to change), or a fresh one when run alone
+    assert cp.returncode == 0, cp.stdout[-4000:]
+    assert serving()
+    before = {n: int(unit(lab, n, "NRestarts") or 0) for n in ("node1", "node3")}
+    off_at = time.time()
+    host_off(lab, True)
+    try:
+        deadline, st, problems = time.monotonic() + 120, None, []
+        while time.monotonic() < deadline:
+            st = oncall(lab, tmp_path, "status", "--json")
+            problems = json.loads(st.stdout)["problems"] if st.stdout.startswith("{") else []
+            if any(p.startswith("node2 is missing at the deployment link: node1, node3") for p in problems):
+                break
+            time.sleep(2)
+        assert any(p.startswith("node2 is missing at the deployment link: node1, node3") for p in problems), (
+            st.stdout[-3000:] + st.stderr[-2000:]
+        )
+        assert any(p.startswith("node2: unreachable") for p in problems), problems
+        bundle = tmp_path / "bundle-host-off"
+        b = oncall(lab, tmp_path, "bundle", "-o", str(bundle), f"--since=@{int(off_at) - 5}")
+        assert b.returncode == 1 and "node2" in json.dumps(json.loads((bundle / "bundle.json").read_text())["errors"])
+        cp = subprocess.run([str(Path(sys.executable).parent / "llmfleet"), "why", "--bundle", str(bundle), "--json"],
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        first = json.loads(cp.stdout)["first_failure"]
+        assert first and first["node"] == "node2" and first["verdict"] == "node-lost", json.dumps(first)[:2000]
+        assert "nothing of it could be collected: its host is down" in first["cause"], first["cause"]
+        time.sleep(30)  # they keep waiting: no restart beyond the first, no start limit
+        for n in ("node1", "node3"):
+            assert unit(lab, n, "ActiveState") == "activating", (n, unit(lab, n, "ActiveState"))
+            assert int(unit(lab, n, "NRestarts")) == before[n] + 1, (n, unit(lab, n, "NRestarts"), before[n])
+    finally:
+        host_off(lab, False)
+    on_at = time.time()
+    deadline = time.monotonic() + 300
+    while not serving() and time.monotonic() < deadline:  # no command: the deployment comes back by itself
+        time.sleep(0.5)
+    back = time.time()
+    assert serving(), {n: unit(lab, n, "ActiveState") for n in NODES}
+    print(f"host off {on_at - off_at:.0f} s; host back on -> serving 703 again: {back - on_at:.1f} s")
