@@ -12,10 +12,13 @@ unit active."""
 
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -110,7 +113,23 @@ def prepared(lab):
         lab.wipe_nvme(lab.node(i))
 
 
-def test_two_replicas_behind_sglang_router_and_one_heals_alone(prepared):
+def status(lab, tmp_path):
+    """`llmfleet status --json` from the ops host, over SSH as the lab's operator (become), the replicas in its
+    inventory."""
+    hosts = {f"node{i}": {"ansible_host": f"10.77.0.1{i}", "llmfleet_fabric_ip": f"10.77.0.1{i}"} for i in range(1, 5)}
+    inv = tmp_path / "oncall-inventory.yml"
+    inv.write_text(json.dumps({"all": {
+        "vars": {"ansible_user": "ops", "ansible_become": True, "ansible_ssh_common_args": f"-F {lab.ssh_config}",
+                 "llmfleet_deployment": "demo", "llmfleet_replicas": REPLICAS,
+                 "ansible_python_interpreter": "/usr/bin/python3"},
+        "children": {"llmfleet_nodes": {"children": {
+            "head": {"hosts": {"node1": hosts["node1"]}},
+            "worker": {"hosts": {n: hosts[n] for n in NODES[1:]}}}}}}}))  # fmt: skip
+    cmd = [str(Path(sys.executable).parent / "llmfleet"), "status", "-i", str(inv), "--json"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_two_replicas_behind_sglang_router_and_one_heals_alone(prepared, tmp_path):
     lab = prepared
     t0 = time.monotonic()
     cp = playbook("engine", **SGLANG)
@@ -126,6 +145,11 @@ def test_two_replicas_behind_sglang_router_and_one_heals_alone(prepared):
     for node, rep in (("node1", "r0"), ("node3", "r1")):
         assert "--health-url http://127.0.0.1:8000" in unit(lab, node, f"llmfleet-demo-{rep}.service", "ExecStart")
     assert set(workers()) == set(WORKERS) and all(workers().values())
+    # status reads the router's membership from the router itself (its worker API on its node's loopback).
+    st = status(lab, tmp_path)
+    members = json.loads(st.stdout)["router"]["members"] if st.stdout.startswith("{") else None
+    assert st.returncode == 0 and members and members["expected"] == WORKERS, st.stdout[-3000:] + st.stderr[-2000:]
+    assert {w["url"]: w["healthy"] for w in members["listed"]} == dict.fromkeys(WORKERS, True), members
     assert ask() == "703"
     for base in WORKERS:  # each replica answers on its own
         assert ask(base) == "703"

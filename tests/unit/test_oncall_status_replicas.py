@@ -5,10 +5,13 @@ is named, the other reads healthy."""
 from __future__ import annotations
 
 import argparse
+import http.server
 import json
+import threading
+import typing
 
 import pytest
-from test_oncall_fakes import Fakes, listening_port
+from test_oncall_fakes import Fakes
 
 from llmfleet.oncall import restart as oncall_restart
 from llmfleet.oncall import status as oncall_status
@@ -17,11 +20,39 @@ from llmfleet.oncall import stop as oncall_stop
 REPLICAS = [{"name": "r0", "nodes": ["node1", "node2"]}, {"name": "r1", "nodes": ["node4", "node3"]}]
 
 
+class Router(http.server.ThreadingHTTPServer):
+    """A stand-in for the router's keyless worker API (shapes as vllm-router 0.1.17 and sglang-router 0.3.2 answer,
+    tests/fixtures/engines/sglang-router-0.3.2.worker-api.txt): `answers` maps a path to the JSON it returns."""
+
+    answers: typing.ClassVar[dict] = {"/list_workers": {"urls": []}}
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps(self.server.answers.get(self.path, {})).encode()
+        self.send_response(200 if self.path in self.server.answers else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 @pytest.fixture
-def port():
-    sock, port = listening_port()
-    yield port
-    sock.close()
+def router():
+    srv = Router(("127.0.0.1", 0), _Handler)
+    srv.answers = dict(Router.answers)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture
+def port(router):
+    """The replicas' heads and the router serve here (the router's worker API answers)."""
+    return router.server_address[1]
 
 
 def fleet(tmp_path, port) -> Fakes:
@@ -121,3 +152,44 @@ def test_replica_on_a_deployment_of_one_instance_is_refused(tmp_path, capsys):
     f.set_unit("node2")
     rc, _, err = _control(oncall_stop, f, capsys, "--replica", "r0")
     assert rc == 2 and "--replica r0: demo has no llmfleet_replicas (it is one instance)" in err, err
+
+
+def with_router_urls(f: Fakes, port: int, command: list[str]) -> list[str]:
+    urls = [f"http://10.0.0.1:{port}", f"http://10.0.0.4:{port}"]
+    f.set_unit("node1", unit="llmfleet-demo-router.service",
+               argv=["/usr/local/bin/llmfleet", "exec", "--", *command, "--port", str(port), "--worker-urls", *urls])  # fmt: skip
+    return urls
+
+
+def test_status_shows_who_the_vllm_router_routes_to_and_a_replica_it_dropped(tmp_path, capsys, port, router):
+    f = fleet(tmp_path, port)
+    urls = with_router_urls(f, port, ["vllm-router", "--host", "127.0.0.1"])
+    router.answers = {"/list_workers": {"urls": urls}}
+    rc, out = status(f, capsys)
+    assert rc == 0, out
+    assert f"  demo-r0 ({urls[0]}): in the router" in out and f"  demo-r1 ({urls[1]}): in the router" in out
+    router.answers = {"/list_workers": {"urls": urls[1:]}}  # r0 out (a rollout's step, or the router dropped it)
+    rc, out = status(f, capsys)
+    assert rc == 1, out
+    assert f"  - llmfleet-demo-router.service on node1: demo-r0 ({urls[0]}) is not in the router" in out, out
+    assert f"  demo-r0 ({urls[0]}): NOT IN THE ROUTER" in out
+
+
+def test_status_reads_sglang_routers_health_of_each_replica(tmp_path, capsys, port, router):
+    f = fleet(tmp_path, port)
+    urls = with_router_urls(f, port, ["/opt/venv/bin/sglang-router", "launch", "--host", "127.0.0.1"])
+    router.answers = {"/workers": {"workers": [{"id": "a", "url": urls[0], "is_healthy": True},
+                                              {"id": "b", "url": urls[1], "is_healthy": False}]}}  # fmt: skip
+    rc, out = status(f, capsys, "--json")
+    doc = json.loads(out)
+    assert rc == 1
+    assert doc["router"]["members"]["expected"] == urls
+    assert doc["problems"] == [f"llmfleet-demo-router.service on node1: demo-r1 ({urls[1]}) is unhealthy in the router"]
+
+
+def test_a_router_whose_worker_list_does_not_answer_is_a_problem(tmp_path, capsys, port, router):
+    f = fleet(tmp_path, port)
+    with_router_urls(f, port, ["vllm-router"])
+    router.answers = {}  # 404 on /list_workers
+    rc, out = status(f, capsys)
+    assert rc == 1 and "llmfleet-demo-router.service on node1: its worker list did not answer" in out, out

@@ -218,6 +218,41 @@ def port_open(host, port, timeout=1.0):
         return False
 
 
+def worker_urls(argv):
+    """The replicas' router's members as launched: the URLs after --worker-urls, up to the next option."""
+    out, on = [], False
+    for a in argv:
+        if a == "--worker-urls":
+            on = True
+        elif on and a.startswith("--"):
+            break
+        elif on:
+            out.append(a)
+    return out
+
+
+def router_members(host, port, argv, timeout=2.0):
+    """Who the replicas' router routes to now, from its own worker API on its listen address (sglang-router 0.3.2:
+    GET /workers, each with is_healthy; vllm-router 0.1.17: GET /list_workers, URLs only, so health unknown):
+    {"listed": [{"url", "healthy"}], "error"}. Both are keyless and answer on the router's own port."""
+    import urllib.request
+
+    sglang = bool(argv) and ("sglang" in os.path.basename(argv[0]) or "launch" in argv[1:3])
+    where = host if ":" not in host else f"[{host}]"
+    url = f"http://{where}:{port}/{'workers' if sglang else 'list_workers'}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a loopback/fabric address, never a proxy
+    try:
+        with opener.open(url, timeout=timeout) as r:
+            doc = json.loads(r.read(1 << 20).decode("utf-8", "replace"))
+    except (OSError, ValueError) as e:
+        return {"listed": None, "error": f"{url}: {e}"}
+    if sglang:
+        listed = [{"url": w.get("url"), "healthy": w.get("is_healthy")} for w in doc.get("workers") or []]
+    else:
+        listed = [{"url": u, "healthy": None} for u in doc.get("urls") or []]
+    return {"listed": listed, "error": None}
+
+
 def unit_files(u, rotated=True):
     """The wrapper's record/status paths: from the unit's ExecStart (--record/--status), else the inventory's."""
     argv = exec_argv(u.get("_show", {}).get("ExecStart", ""))
@@ -257,6 +292,8 @@ def op_status(spec):
             wildcard = host in ("", "0.0.0.0", "::", "[::]", "*")  # noqa: S104 (a listen address, read; checked via loopback)
             host = "127.0.0.1" if wildcard else host.strip("[]")
             res["port_host"], res["port_open"] = host, port_open(host, res["port"])
+            if u.get("members") and res["port_open"]:
+                res["members"] = dict(router_members(host, res["port"], argv[cut:]), expected=worker_urls(argv[cut:]))
         if apps is not None:
             mine = [(p, m) for p, m in apps if in_unit(p, info.get("ControlGroup", ""), u["unit"])]
             claimed.update(p for p, _ in mine)

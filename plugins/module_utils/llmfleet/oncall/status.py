@@ -246,7 +246,34 @@ def _router_spec(fleet: Fleet, node: Any) -> dict:
     """The replicas' router unit (llmfleet-<deployment>-router.service, files in the deployment's own directory)."""
     d = f"{node.engine_dir.rsplit('/', 1)[0]}/{fleet.deployment}"
     return {"unit": fleet.router_unit(), "record": f"{d}/router-termination.json", "status": f"{d}/router-status.json",
-            "default_port": 0, "host": "", "role": "router"}  # fmt: skip
+            "default_port": 0, "host": "", "role": "router", "members": True}  # fmt: skip
+
+
+def _membership(subs: list, rspec: dict, node: Any, res: dict) -> tuple[list[str], list[str]]:
+    """The router's members against the replicas it was launched with (in replica order): lines and problems. A
+    replica out of the router (a rollout's step, or the router dropped it) or unhealthy in it is a problem."""
+    m = res.get("members")
+    if not m:
+        return [], []
+    who = f"{rspec['unit']} on {node.name}"
+    if m.get("listed") is None:
+        return [], [f"{who}: its worker list did not answer: {m.get('error')}"]
+    listed = {w.get("url"): w.get("healthy") for w in m["listed"]}
+    names = [s.deployment for s in subs]
+    lines, problems = [], []
+    for i, url in enumerate(m.get("expected") or []):
+        name = names[i] if i < len(names) and len(names) == len(m["expected"]) else url
+        if url not in listed:
+            state = "NOT IN THE ROUTER"
+            problems.append(f"{who}: {name} ({url}) is not in the router")
+        elif listed[url] is False:
+            state = "UNHEALTHY in the router"
+            problems.append(f"{who}: {name} ({url}) is unhealthy in the router")
+        else:
+            state = "in the router" + ("" if listed[url] is None else ", healthy")
+        lines.append(f"  {name} ({url}): {state}")
+    lines += [f"  {u}: in the router, not one of the replicas" for u in listed if u not in (m.get("expected") or [])]
+    return lines, problems
 
 
 def _run_replicas(args: argparse.Namespace, fleet: Fleet, t: Any, t0: float) -> int:
@@ -280,6 +307,11 @@ def _run_replicas(args: argparse.Namespace, fleet: Fleet, t: Any, t0: float) -> 
         problems += p
         lines.append(f"{fleet.router_unit()} on {router_node.name}: {v['active_state']}/{v['sub_state']}"
                      + (f" since {v['since_iso']}" if v.get("since_iso") else ""))  # fmt: skip
+        res = rres.data["units"].get(rspec["unit"]) or {}
+        mlines, mproblems = _membership(subs, rspec, router_node, res)
+        lines += mlines + [f"  - {x}" for x in mproblems]
+        problems += mproblems
+        router["members"] = res.get("members")
     if args.json:
         emit_json({"deployment": fleet.deployment, "router_unit": fleet.router_unit(), "inventory": fleet.sources,
                    "healthy": not problems, "problems": problems, "elapsed_s": round(elapsed, 3),
