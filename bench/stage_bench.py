@@ -44,6 +44,16 @@ WORK = Path(os.environ.get("LLMFLEET_BENCH_DIR", "/var/tmp/llmfleet-bench"))
 BIN = Path(sys.executable).parent
 GiB = 1024**3
 REV = "b" * 40
+# The fleet's staging of the lab's revision on shared storage, as stage_bench and stage_fanout run it.
+FLEET_STAGE_VARS = {
+    "llmfleet_model": "fleet",
+    "llmfleet_model_revision": REV,
+    "model_stage_source": "/mnt/shared/fleet",
+    "model_stage_shared_rw_dir": "/mnt/shared-rw/llmfleet",
+    "model_stage_max_source_readers": 1,
+    "model_stage_free_space_margin_gb": 0,
+    "llmfleet_report_dir": str(WORK),
+}
 
 
 def busy_cpu_s() -> float:
@@ -282,15 +292,7 @@ def bench_fleet(nodes: int, gb: float) -> tuple[str, dict]:
             "-i", inv, "-e", "ansible_user=ops", "-e", "ansible_become=true",
             "-e", "ansible_python_interpreter=/usr/bin/python3",
         ]  # fmt: skip
-        ev = {
-            "llmfleet_model": "fleet",
-            "llmfleet_model_revision": REV,
-            "model_stage_source": "/mnt/shared/fleet",
-            "model_stage_shared_rw_dir": "/mnt/shared-rw/llmfleet",
-            "model_stage_max_source_readers": 1,
-            "model_stage_free_space_margin_gb": 0,
-            "llmfleet_report_dir": str(WORK),
-        }
+        ev = dict(FLEET_STAGE_VARS)
         # manifest first (cached on shared storage; later runs reuse it), so the timed run is the copy
         margs = {
             "source": "/mnt/shared/fleet",

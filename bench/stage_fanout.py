@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from stage_bench import BIN, REV, WORK, GiB, busy_cpu_s, drop_caches, make_revision  # noqa: E402
+from stage_bench import BIN, FLEET_STAGE_VARS, REV, WORK, GiB, busy_cpu_s, drop_caches, make_revision  # noqa: E402
 
 from tests.lab.labctl import Lab  # noqa: E402
 
@@ -50,15 +50,7 @@ def torrent_python() -> str:
 
 
 def run_relay(lab: Lab, nodes: int, env: dict, base: list[str]) -> dict:
-    ev = {
-        "llmfleet_model": "fleet",
-        "llmfleet_model_revision": REV,
-        "model_stage_source": "/mnt/shared/fleet",
-        "model_stage_shared_rw_dir": "/mnt/shared-rw/llmfleet",
-        "model_stage_max_source_readers": 1,
-        "model_stage_free_space_margin_gb": 0,
-        "llmfleet_report_dir": str(WORK),
-    }
+    ev = dict(FLEET_STAGE_VARS)
     c0, t0 = busy_cpu_s(), time.monotonic()
     cp = subprocess.run(
         [str(BIN / "ansible-playbook"), *base, "-e", json.dumps(ev), "playbooks/model_stage.yml"],

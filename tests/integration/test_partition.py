@@ -64,6 +64,23 @@ def why(lab, tmp_path, since):
     return json.loads(cp.stdout)
 
 
+MISSING = "node2 is missing at the deployment link: node1, node3"
+
+
+def wait_missing(lab, tmp_path, bound=120):
+    """`llmfleet status --json` until a problem says node1 and node3 wait for node2 at the link (at most `bound` s):
+    its answer and problems."""
+    deadline, st, problems = time.monotonic() + bound, None, []
+    while time.monotonic() < deadline:
+        st = oncall(lab, tmp_path, "status", "--json")
+        problems = json.loads(st.stdout)["problems"] if st.stdout.startswith("{") else []
+        if any(p.startswith(MISSING) for p in problems):
+            break
+        time.sleep(2)
+    assert any(p.startswith(MISSING) for p in problems), st.stdout[-3000:] + st.stderr[-2000:]
+    return st, problems
+
+
 def serving():
     try:
         return ask() == "703"
@@ -95,16 +112,8 @@ def test_a_partition_heals_by_itself_and_the_node_the_others_lost_is_named(prepa
     partition(lab, True)
     try:
         # The link stops every node; systemd restarts each once; node1 and node3 wait at the barrier for node2.
-        deadline, st, problems = time.monotonic() + 120, None, []
-        while time.monotonic() < deadline:
-            st = oncall(lab, tmp_path, "status", "--json")
-            problems = json.loads(st.stdout)["problems"] if st.stdout.startswith("{") else []
-            if problems and problems[0].startswith("node2 is missing at the deployment link: node1, node3"):
-                break
-            time.sleep(2)
-        assert problems and problems[0].startswith("node2 is missing at the deployment link: node1, node3"), (
-            st.stdout[-3000:] + st.stderr[-2000:]
-        )
+        st, problems = wait_missing(lab, tmp_path)
+        assert problems[0].startswith(MISSING), problems
         assert st.returncode == 1
         report = why(lab, tmp_path, cut_at - 5)
         first = report["first_failure"]
@@ -170,16 +179,7 @@ def test_a_host_down_is_named_lost_and_the_others_wait_for_it_visibly(prepared, 
     off_at = time.time()
     host_off(lab, True)
     try:
-        deadline, st, problems = time.monotonic() + 120, None, []
-        while time.monotonic() < deadline:
-            st = oncall(lab, tmp_path, "status", "--json")
-            problems = json.loads(st.stdout)["problems"] if st.stdout.startswith("{") else []
-            if any(p.startswith("node2 is missing at the deployment link: node1, node3") for p in problems):
-                break
-            time.sleep(2)
-        assert any(p.startswith("node2 is missing at the deployment link: node1, node3") for p in problems), (
-            st.stdout[-3000:] + st.stderr[-2000:]
-        )
+        _, problems = wait_missing(lab, tmp_path)
         assert any(p.startswith("node2: unreachable") for p in problems), problems
         bundle = tmp_path / "bundle-host-off"
         b = oncall(lab, tmp_path, "bundle", "-o", str(bundle), f"--since=@{int(off_at) - 5}")
