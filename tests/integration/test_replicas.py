@@ -207,7 +207,8 @@ def test_a_site_rerun_on_serving_replicas_changes_nothing_and_skips_the_disturbi
     assert cp.returncode == 0, cp.stdout[-5000:]
     for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
         assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") == "active", node
-        assert unit(lab, node, "llmfleet-demo.service", "LoadState") == "not-found", node
+        # No instance named after the deployment runs (an earlier lab module may have left its stopped unit).
+        assert unit(lab, node, "llmfleet-demo.service", "ActiveState") in ("inactive", "failed"), node
     # What an earlier site.yml leaves on the ops host: the report directory as acceptance makes it (0755), the
     # report role's file_sd targets (engine.yml runs no report).
     tmp_path.chmod(0o755)
