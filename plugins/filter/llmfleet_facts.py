@@ -65,6 +65,20 @@ def llmfleet_revision_dir(root: str, model: str, revision: str) -> str:
     return os.path.join(model_dir(str(root), model), revision)
 
 
+def llmfleet_unit_revisions(text, model) -> list:
+    """The revisions of `model` a unit file loads (<root>/<model>/<revision> in its text), each once in order: what
+    the fleet contract's rule accepts as a revision (llmfleet.facts), so no second pattern is spelled here."""
+    import re
+
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.facts import revision_problem
+
+    out: list = []
+    for cand in re.findall("/" + re.escape(str(model)) + "/([0-9a-f]+)", str(text or "")):
+        if cand not in out and not revision_problem(cand, "revision"):
+            out.append(cand)
+    return out
+
+
 def llmfleet_serving_units(pairs) -> str:
     """'' when no unit runs, else where each running unit runs, e.g. "node1, node2 (llmfleet-demo.service is
     running)". pairs: (host, the results of the systemd_service loop over the deployment's units on it)."""
@@ -86,4 +100,5 @@ class FilterModule:
             "llmfleet_stage_range_problems": llmfleet_stage_range_problems,
             "llmfleet_revision_dir": llmfleet_revision_dir,
             "llmfleet_serving_units": llmfleet_serving_units,
+            "llmfleet_unit_revisions": llmfleet_unit_revisions,
         }

@@ -213,6 +213,11 @@ def replica_fleets(fleet: Fleet) -> list[Fleet]:
     return out
 
 
+def replicas_by_name(fleet: Fleet) -> dict[str, Fleet]:
+    """Each replica's own fleet (replica_fleets) by its name in llmfleet_replicas, in the inventory's order."""
+    return {f.deployment[len(fleet.deployment) + 1 :]: f for f in replica_fleets(fleet)}
+
+
 def add_replica_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replica", metavar="NAME",
                    help="one replica of llmfleet_replicas (its own deployment <deployment>-<name>, on its nodes); "
@@ -224,7 +229,7 @@ def replica_target(args: argparse.Namespace, cmd: str) -> Fleet:
     replicas needs --replica (all at once would stop serving); UsageError (exit 2) names the replicas."""
     fleet = fleet_of(args)
     name = getattr(args, "replica", None)
-    subs = {f.deployment[len(fleet.deployment) + 1 :]: f for f in replica_fleets(fleet)}
+    subs = replicas_by_name(fleet)
     if name is None and subs:
         raise UsageError(
             f"{fleet.deployment} runs as replicas ({', '.join(subs)}) behind {fleet.router_unit()}: name one with "

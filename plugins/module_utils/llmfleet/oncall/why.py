@@ -51,11 +51,7 @@ def _collect_and_analyse(args: argparse.Namespace, transport: Any) -> int:
         if getattr(args, "replica", None):
             common.replica_target(args, "why")  # names the mistake (one instance)
         return _collect_one(args, transport)
-    names = (
-        [args.replica]
-        if args.replica
-        else [r.deployment[len(fleet.deployment) + 1 :] for r in common.replica_fleets(fleet)]
-    )
+    names = [args.replica] if args.replica else list(common.replicas_by_name(fleet))
     if args.json and len(names) > 1:
         raise UsageError(f"{fleet.deployment} runs as replicas ({', '.join(names)}): --json answers for one, "
                          "name it with --replica NAME")  # fmt: skip
