@@ -66,6 +66,13 @@ def llmfleet_in_flight(metrics) -> int | None:
     return r.in_flight(metrics)
 
 
+def llmfleet_router_unit_change(old, new) -> str:
+    """none | workers | restart: what a new text of the replicas' router unit asks of the running router."""
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine import replicas as r
+
+    return r.router_unit_change(old, new)
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -75,4 +82,5 @@ class FilterModule:
             "llmfleet_replica_router_kind": llmfleet_replica_router_kind,
             "llmfleet_replica_router_exec": llmfleet_replica_router_exec,
             "llmfleet_in_flight": llmfleet_in_flight,
+            "llmfleet_router_unit_change": llmfleet_router_unit_change,
         }

@@ -196,10 +196,15 @@ def test_two_replicas_behind_sglang_router_and_one_heals_alone(prepared, tmp_pat
     assert ask() == "703"
 
 
-def test_a_site_rerun_on_serving_replicas_changes_nothing_and_skips_the_disturbing_checks(prepared, tmp_path):
+def test_day_2_on_serving_replicas_a_rerun_a_setting_a_scale_in_and_out_and_a_revision_never_stop_serving(
+    prepared, tmp_path
+):
     """Day 2: the replicas serve (started with `-e llmfleet_deployment=demo`, which must not rename them); a plain
     site.yml re-run converges with changed=0 on every node, restarts no unit, and skips preflight and the NCCL check
-    (they would bind the engine's ports and take its GPUs), saying so in the output and in the run's report."""
+    (they would bind the engine's ports and take its GPUs), saying so in the output and in the run's report. Then,
+    under a steady client through the router that must see no failed request: a changed engine setting rolls the
+    replicas one at a time; a replica listed as absent is removed (scale-in); site.yml with it listed again and a new
+    revision adds it (scale-out) and rolls the other onto the revision; the router is never restarted."""
     lab = prepared
     # The SGLang simulator (acceptance's tools check passes there), the run's report directory made by this first run.
     day2 = {**SGLANG, "llmfleet_report_dir": str(tmp_path)}
@@ -235,16 +240,60 @@ def test_a_site_rerun_on_serving_replicas_changes_nothing_and_skips_the_disturbi
     assert not (tmp_path / "preflight.json").exists() and not (tmp_path / "nccl-check.json").exists()
     assert ask() == "703"
 
-    # A revision change on the serving replicas through a plain converge is refused before anything is written,
-    # naming playbooks/rollout.yml; nothing restarts.
-    cp = playbook("engine", check=False, llmfleet_model_revision=REV_B, **day2)
+    router_pid = unit(lab, "node1", "llmfleet-demo-router.service", "MainPID")
+    client = Client()
+    client.start()
+
+    # A changed engine setting: each serving replica leaves the router, drains, restarts and is gated, then goes
+    # back in, one after the other; the router is never restarted.
+    setting = {**day2, "engine_env": {"LLMFLEET_DAY2_SETTING": "1"}}
+    cp = playbook("engine", check=False, **setting)
     flat = " ".join(cp.stdout.split())
-    assert cp.returncode != 0, flat[-4000:]
-    assert (f"demo serves r0 (demo-r0 on node1, node2, revision {REV_A}); r1 (demo-r1 on node3, node4, revision {REV_A}),"
-            f" and this run names revision {REV_B}") in flat, flat[-4000:]  # fmt: skip
-    assert "playbooks/rollout.yml" in flat
-    assert start_times(lab) == before
-    assert set(map(tuple, revisions(lab).values())) == {(REV_A,)}
+    assert cp.returncode == 0, flat[-5000:]
+    assert "demo-r0: drained" in flat and "demo-r1: drained" in flat, flat[-5000:]
+    assert flat.index("demo-r0: drained") < flat.index("demo-r1: drained")
+    after_setting = start_times(lab)
+    assert all(after_setting[k] != v for k, v in before.items()), (before, after_setting)
+    assert set(workers()) == set(WORKERS) and all(workers().values())
+
+    # Scale-in: r1 listed with state: absent leaves the router, drains and is removed from node3 and node4; r0 and
+    # the router keep running.
+    fewer = [REPLICAS[0], {**REPLICAS[1], "state": "absent"}]
+    cp = playbook("engine", check=False, **setting, llmfleet_replicas=fewer)
+    flat = " ".join(cp.stdout.split())
+    assert cp.returncode == 0, flat[-5000:]
+    assert "demo: removed replicas demo-r1 (out of the router first, drained)" in flat, flat[-5000:]
+    for node in ("node3", "node4"):
+        assert unit(lab, node, "llmfleet-demo-r1.service", "LoadState") == "not-found", node
+    assert {k: v for k, v in start_times(lab).items() if k[1] == "r0"} == {
+        k: v for k, v in after_setting.items() if k[1] == "r0"}  # fmt: skip
+    assert set(workers()) == {WORKERS[0]}
+    assert ask() == "703"
+
+    # Scale-out together with a revision change, through site.yml: r1 comes back on revision B and joins the router
+    # before r0, which serves revision A, rolls onto B (out, drained, restarted, gated, back in); r0 alone answers
+    # until r1 joined, r1 alone while r0 rolls. Neither the router nor a replica restarts for the other.
+    r0_before = {k: v for k, v in start_times(lab).items() if k[1] == "r0"}
+    cp = run_ansible("ansible-playbook", "playbooks/site.yml", "-e",
+                     json.dumps({**VARS, **setting, "llmfleet_model_revision": REV_B}), timeout=900, check=False)  # fmt: skip
+    flat = " ".join(cp.stdout.split())
+    time.sleep(2)
+    client.stop.set()
+    client.join(30)
+    print(
+        f"\nday 2: setting rolled, r1 removed, r1 added + r0 rolled to B: client {client.sent} sent, "
+        f"{client.failed} failed, longest gap {client.gap:.1f} s; errors {client.errors[:3]}"
+    )
+    assert cp.returncode == 0, flat[-6000:]
+    assert f"demo: replicas r0 serve another revision than {REV_B}: rolled one at a time" in flat, flat[-6000:]
+    assert set(map(tuple, revisions(lab).values())) == {(REV_B,)}, revisions(lab)
+    assert all(v != r0_before[k] for k, v in start_times(lab).items() if k[1] == "r0")
+    record = json.loads((tmp_path / "rollout-demo.json").read_text())
+    assert [(s["replica"], s["outcome"]) for s in record["steps"]] == [("r0", "rolled")], record
+    assert set(workers()) == set(WORKERS) and all(workers().values())
+    assert unit(lab, "node1", "llmfleet-demo-router.service", "MainPID") == router_pid  # never restarted
+    assert client.sent > 0 and client.failed == 0, (client.sent, client.failed, client.errors[:5])
+
     # Stopped in order (router first): the rollout test starts the vLLM profile fresh rather than converging a serving
     # deployment onto another engine.
     assert playbook("engine_stop", **SGLANG).returncode == 0
@@ -266,47 +315,30 @@ def start_times(lab):
             for n, r in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1"))}  # fmt: skip
 
 
-def test_a_rolling_revision_change_never_stops_serving_and_a_failed_step_rolls_back(prepared, tmp_path):
-    """playbooks/rollout.yml under a steady client through the router: --check prints the plan and restarts nothing;
-    the change to revision B stages it, then moves r0 and then r1 (each out of the router, drained, restarted,
-    gated, back in) with no failed request; a change to revision C whose first start fails on replica 0 (a crash
-    at load on rank 1, node2, injected once with the simulator's fault: the stand-in for a bad revision) puts r0
-    back on B, gated and in the router, stops there naming it, and leaves r1 on B - still no failed request."""
+def test_a_rollout_shows_its_plan_and_a_failed_step_rolls_back_without_stopping_serving(prepared, tmp_path):
+    """playbooks/rollout.yml behind vllm-router under a steady client through the router: --check prints the plan
+    and restarts nothing; a change to revision C whose first start fails on replica 0 (a crash at load on rank 1,
+    node2, injected once with the simulator's fault: the stand-in for a bad revision) stages C, takes r0 out of the
+    router (its worker API), drains and restarts it, then puts it back on A, gated and in the router, and stops there
+    naming it, leaving r1 on A - with no failed request. (A rollout's successful steps, the same tasks, run in the
+    Day 2 test through site.yml behind sglang-router.)"""
     lab = prepared
     reports = tmp_path / "reports"
     base = {"llmfleet_report_dir": str(reports)}
-    assert playbook("engine", **base).returncode == 0  # the first test's deployment, or a fresh one when run alone
-    rev_a = REV_A
-    assert set(map(tuple, revisions(lab).values())) == {(rev_a,)}
+    assert playbook("engine", **base).returncode == 0  # a fresh deployment (the Day 2 test stopped its replicas)
+    assert set(map(tuple, revisions(lab).values())) == {(REV_A,)}
     started = start_times(lab)
 
     cp = run_ansible("ansible-playbook", "playbooks/rollout.yml", "--check", "-e",
-                     json.dumps({**VARS, **base, "llmfleet_model_revision": REV_B}), timeout=900)  # fmt: skip
+                     json.dumps({**VARS, **base, "llmfleet_model_revision": REV_C}), timeout=900)  # fmt: skip
     flat = " ".join(cp.stdout.split())
     for rep in ("r0", "r1"):
-        assert f"demo-{rep} on" in flat and f"revision {rev_a} -> {REV_B}" in flat, flat[-5000:]
-    assert start_times(lab) == started and set(map(tuple, revisions(lab).values())) == {(rev_a,)}
+        assert f"demo-{rep} on" in flat and f"revision {REV_A} -> {REV_C}" in flat, flat[-5000:]
+    assert start_times(lab) == started and set(map(tuple, revisions(lab).values())) == {(REV_A,)}
 
     client = Client()
     client.start()
-    t0 = time.monotonic()
-    cp = run_ansible("ansible-playbook", "playbooks/rollout.yml", "-e",
-                     json.dumps({**VARS, **base, "llmfleet_model_revision": REV_B}), timeout=900, check=False)  # fmt: skip
-    rolled_s = time.monotonic() - t0
-    time.sleep(2)
-    good = (client.sent, client.failed, client.gap, list(client.errors))
-    assert cp.returncode == 0, cp.stdout[-6000:]
-    flat = " ".join(cp.stdout.split())
-    assert "demo-r0: drained" in flat and "demo-r1: drained" in flat, flat[-6000:]  # the simulator's request gauges
-    assert set(map(tuple, revisions(lab).values())) == {(REV_B,)}, revisions(lab)
-    assert all(started[k] != v for k, v in start_times(lab).items())  # every replica restarted, one at a time
-    record = json.loads((reports / "rollout-demo.json").read_text())
-    assert [(s["replica"], s["outcome"]) for s in record["steps"]] == [("r0", "rolled"), ("r1", "rolled")], record
-    assert record["runs"] == {"r0": REV_B, "r1": REV_B} and record["complete"] is True
-    assert set(workers()) == set(WORKERS) and all(workers().values())
-
     # A step that fails: replica 0's first start on C crashes at load (rank 1, node2), once.
-    r1_on_b = {k: v for k, v in start_times(lab).items() if k[1] == "r1"}
     # The fault's once-marker in replica 0's own state directory (its unit may write there, not in the deployment's).
     env = {"LLMFLEET_SIM_STATE_DIR": "{{ engine_state_dir }}/demo-r0/sim",
            "LLMFLEET_SIM_FAULT": "crash:rank=1:phase=load:once"}  # fmt: skip
@@ -319,21 +351,22 @@ def test_a_rolling_revision_change_never_stops_serving_and_a_failed_step_rolls_b
     client.stop.set()
     client.join(30)
     flat = " ".join(cp.stdout.split())
-    print(f"\nrollout: A -> B in {rolled_s:.0f} s, client {good[0]} sent, {good[1]} failed, longest gap {good[2]:.1f} s; "
-          f"B -> C failed on r0 and rolled back in {failed_s:.0f} s; client in all {client.sent} sent, "
+    print(f"\nrollout: A -> C failed on r0 and rolled back in {failed_s:.0f} s; client {client.sent} sent, "
           f"{client.failed} failed, longest gap {client.gap:.1f} s; errors {client.errors[:3]}")  # fmt: skip
     assert cp.returncode != 0
+    assert "demo-r0: drained" in flat, flat[-6000:]  # the simulator's request gauges
     assert (f"The rollout of demo to revision {REV_C} stopped at replica r0 (demo-r0 on node1, node2)" in flat
-            and f"It is back on revision {REV_B}, gated and in the router" in flat), flat[-6000:]  # fmt: skip
+            and f"It is back on revision {REV_A}, gated and in the router" in flat), flat[-6000:]  # fmt: skip
     assert "node2" in flat.split("stopped at replica r0", 1)[1], flat[-4000:]
-    assert set(map(tuple, revisions(lab).values())) == {(REV_B,)}, revisions(lab)
-    assert {k: v for k, v in start_times(lab).items() if k[1] == "r1"} == r1_on_b  # r1 never touched
+    assert set(map(tuple, revisions(lab).values())) == {(REV_A,)}, revisions(lab)
+    after = start_times(lab)
+    assert all(after[k] != started[k] for k in after if k[1] == "r0")  # r0 restarted (on C, then back on A)
+    assert all(after[k] == started[k] for k in after if k[1] == "r1")  # r1 never touched
     record = json.loads((reports / "rollout-demo.json").read_text())
     assert [(s["replica"], s["outcome"]) for s in record["steps"]] == [("r0", "rolled back")], record
-    assert record["runs"] == {"r0": REV_B} and record["not_reached"] == ["r1"] and record["complete"] is False
+    assert record["runs"] == {"r0": REV_A} and record["not_reached"] == ["r1"] and record["complete"] is False
     assert set(workers()) == set(WORKERS) and all(workers().values())
-    assert good[0] > 0 and good[1] == 0, good
-    assert client.failed == 0, (client.sent, client.failed, client.errors[:5])
+    assert client.sent > 0 and client.failed == 0, (client.sent, client.failed, client.errors[:5])
     assert ask() == "703"
 
     # The steps that would disturb a serving deployment see its replicas' units (there is no llmfleet-demo.service).

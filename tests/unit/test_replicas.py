@@ -25,10 +25,20 @@ def test_two_replicas_of_two_nodes_each_become_two_deployments():
     out = shape([{"name": "r0", "nodes": ["node1", "node2"]}, {"name": "r1", "nodes": ["node3", "node4"]}])
     assert out == [
         {"index": 0, "name": "r0", "deployment": "demo-r0", "nodes": ["node1", "node2"], "gpus": [], "port": 30000,
-         "url": "http://node1:30000"},
+         "url": "http://node1:30000", "state": "present"},
         {"index": 1, "name": "r1", "deployment": "demo-r1", "nodes": ["node3", "node4"], "gpus": [], "port": 30000,
-         "url": "http://node3:30000"},
+         "url": "http://node3:30000", "state": "present"},
     ]  # fmt: skip
+
+
+def test_a_replica_being_removed_keeps_its_nodes_placed_and_shares_nothing():
+    """state: absent (scale-in with its nodes still in the inventory): its nodes are not idle, and a present replica
+    may take its GPUs or port."""
+    out = shape([{"name": "r0", "nodes": NODES[:2]}, {"name": "r1", "nodes": NODES[2:], "state": "absent"}])
+    assert [(r["name"], r["state"]) for r in out] == [("r0", "present"), ("r1", "absent")]
+    out = shape([{"name": "a", "nodes": ["node1"], "gpus": [0, 1], "state": "absent"},
+                 {"name": "b", "nodes": ["node1"], "gpus": [0, 1]}], tp=2, nodes=["node1"])  # fmt: skip
+    assert [r["state"] for r in out] == ["absent", "present"]
 
 
 def test_the_head_leads_its_replica_and_the_router_reaches_it_on_the_fabric():
@@ -74,6 +84,8 @@ def test_several_single_node_replicas_per_node_on_disjoint_gpus_and_ports():
         ([{"name": "r0", "nodes": NODES[:2]}], "node3, node4 in llmfleet_nodes but in no replica"),
         ([{"name": "r0", "nodes": NODES[:2], "port": 70000}, {"name": "r1", "nodes": NODES[2:]}], "replica r0: port=70000 is not a TCP port"),
         ([{"name": "r0", "nodes": NODES[:2], "gpus": "0"}, {"name": "r1", "nodes": NODES[2:]}], "replica r0: gpus='0' is not a list"),
+        ([{"name": "r0", "nodes": NODES[:2], "state": "gone"}, {"name": "r1", "nodes": NODES[2:]}], "replica r0: state='gone': use present"),
+        ([{"name": "r0", "nodes": NODES[:2], "state": "absent"}, {"name": "r1", "nodes": NODES[2:], "state": "absent"}], "every replica is state: absent"),
     ],
 )  # fmt: skip
 def test_refusals_name_the_replica_and_the_fix(replicas, says):
@@ -211,3 +223,38 @@ vllm:request_success_total{engine="0",finished_reason="stop",model_name="det-mod
 )
 def test_in_flight_sums_the_engines_request_gauges(text, left):
     assert replicas.in_flight(text) == left
+
+
+ROUTER_UNIT = """# {managed}
+# llmfleet replicas' router demo: vllm-router in front of the replicas {names}
+[Unit]
+Description=llmfleet replicas' router demo (vllm-router)
+
+[Service]
+ExecStart=/opt/llmfleet/bin/llmfleet exec --record /r.json -- /v/bin/vllm-router --host 127.0.0.1 --port {port} \
+--worker-urls {urls} --policy round_robin
+"""
+
+
+def router_unit(urls=("http://10.0.0.1:8000", "http://10.0.0.3:8000"), port=30000, names="demo-r0, demo-r1"):
+    return ROUTER_UNIT.format(managed="Ansible managed", names=names, port=port, urls=" ".join(urls))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "change"),
+    [
+        (router_unit(), router_unit(), "none"),
+        # A replica added or removed: through the router's worker API, no restart (its comment lines follow).
+        (router_unit(), router_unit(urls=("http://10.0.0.1:8000",), names="demo-r0"), "workers"),
+        (router_unit(), router_unit(urls=("http://10.0.0.1:8000", "http://10.0.0.3:8000", "http://10.0.0.5:8000")),
+         "workers"),  # fmt: skip
+        # Only a comment differs: nothing for the running router.
+        (router_unit(), router_unit(names="demo-r0 and demo-r1"), "none"),
+        # Its own settings: a restart.
+        (router_unit(), router_unit(port=30001), "restart"),
+        (router_unit(), router_unit(urls=("http://10.0.0.1:8000",), port=30001), "restart"),
+        ("", router_unit(), "restart"),
+    ],
+)
+def test_a_router_unit_that_changes_only_its_replicas_keeps_the_router_running(old, new, change):
+    assert replicas.router_unit_change(old, new) == change

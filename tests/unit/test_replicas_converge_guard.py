@@ -1,6 +1,7 @@
-"""A plain converge (site.yml, engine.yml) refuses a revision change of serving replicas, naming playbooks/rollout.yml;
-it lets an unchanged revision, or replicas that do not serve, through. The task of roles/engine/tasks/replicas.yml
-runs in real ansible-playbook on localhost; what systemctl and the unit files answered on the replicas' heads is
+"""A plain converge (site.yml, engine.yml) rolls the serving replicas whose unit names another revision, one at a
+time as playbooks/rollout.yml does (tasks/rollout-replica.yml), and launches the others as usual: an unchanged
+revision, or replicas that do not serve, are not rolled; rollout.yml rolls every replica. The tasks of
+roles/engine/tasks/replicas.yml that decide it run in real ansible-playbook on localhost; what systemctl and the unit files answered on the replicas' heads is
 given as the registered results (a double: there are no replica nodes here)."""
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from tests.unit.test_engine_role import ROOT
 REV_A, REV_B = "a" * 40, "b" * 40
 
 
-def guard(tmp_path, active, revision):
+def guard(tmp_path, active, revision, rollout=False):
     tasks = yaml.safe_load((ROOT / "roles/engine/tasks/replicas.yml").read_text())
-    task = next(t for t in tasks if t["name"].startswith("A serving replica changes revision"))
+    task = next(t for t in tasks if t["name"] == "The replicas this run rolls")
+    say = next(t for t in tasks if t["name"].startswith("Say that this converge rolls"))
+    show = {"name": "Show", "ansible.builtin.debug": {"msg": "ROLLING={{ _engine_rolling | join(',') }}."}}
     unit = base64.b64encode(f"ExecStart=/x /mnt/nvme/llmfleet/models/demo-model/{REV_A}/ --y\n".encode()).decode()
-    play = [{"name": "The guard", "hosts": "localhost", "gather_facts": False, "tasks": [task], "vars": {
+    play = [{"name": "The guard", "hosts": "localhost", "gather_facts": False, "tasks": [task, say, show], "vars": {
         "llmfleet_deployment": "demo", "llmfleet_model": "demo-model", "llmfleet_model_revision": revision,
-        "engine_state": "started", "engine_rollout": False,
+        "engine_state": "started", "engine_rollout": rollout,
         "_engine_replicas": [{"name": "r0", "deployment": "demo-r0", "nodes": ["node1", "node2"]},
                              {"name": "r1", "deployment": "demo-r1", "nodes": ["node3", "node4"]}],
         "_engine_replica_active": {"results": [{"stdout": a} for a in active]},
@@ -38,15 +41,24 @@ def guard(tmp_path, active, revision):
     return cp.returncode, " ".join((cp.stdout + cp.stderr).split())
 
 
-def test_a_revision_change_of_serving_replicas_is_refused_naming_the_rollout(tmp_path):
+def test_a_converge_rolls_the_serving_replicas_on_another_revision(tmp_path):
     rc, out = guard(tmp_path, ["active", "active"], REV_B)
-    assert rc != 0
-    assert (f"demo serves r0 (demo-r0 on node1, node2, revision {REV_A}); r1 (demo-r1 on node3, node4, revision {REV_A}),"
-            f" and this run names revision {REV_B}") in out, out[-2000:]  # fmt: skip
-    assert "playbooks/rollout.yml" in out and "Traceback" not in out
+    assert rc == 0, out[-2000:]
+    assert "ROLLING=r0,r1." in out, out[-2000:]
+    assert f"replicas r0, r1 serve another revision than {REV_B}: rolled one at a time" in out, out[-2000:]
+
+
+def test_a_converge_rolls_only_the_replicas_that_serve(tmp_path):
+    rc, out = guard(tmp_path, ["failed", "active"], REV_B)
+    assert rc == 0 and "ROLLING=r1." in out, out[-2000:]
 
 
 @pytest.mark.parametrize(("active", "revision"), [(["active", "active"], REV_A), (["inactive", "failed"], REV_B)])
-def test_the_same_revision_or_replicas_not_serving_pass(tmp_path, active, revision):
+def test_the_same_revision_or_replicas_not_serving_are_not_rolled(tmp_path, active, revision):
     rc, out = guard(tmp_path, active, revision)
-    assert rc == 0, out[-2000:]
+    assert rc == 0 and "ROLLING=." in out and "serve another revision" not in out, out[-2000:]
+
+
+def test_the_rollout_rolls_every_replica(tmp_path):
+    rc, out = guard(tmp_path, ["inactive", "failed"], REV_A, rollout=True)
+    assert rc == 0 and "ROLLING=r0,r1." in out and "serve another revision" not in out, out[-2000:]

@@ -286,6 +286,12 @@ class ApiHandler(BaseHTTPRequestHandler):
         if path == "/get_model_info" and flavour == "sglang" and method == "GET":
             return self.send_json(200, {"model_path": api.cfg["model"], "tokenizer_path": api.cfg["model"],
                                         "is_generation": True})  # fmt: skip
+        # SGLang 0.5's server arguments (a subset of the real /server_info, which returns every ServerArgs field):
+        # sglang-router 0.3.2 reads served_model_name there when it registers a worker (seen: without it the router
+        # lists the worker's model as "unknown" on its /v1/models).
+        if path in ("/server_info", "/get_server_info") and flavour == "sglang" and method == "GET":
+            return self.send_json(200, {"model_path": api.cfg["model"], "served_model_name": api.cfg["served"][0],
+                                        "tp_size": api.cfg.get("tp", 1), "dp_size": 1, "is_generation": True})  # fmt: skip
         if path.startswith("/v1/"):
             key = api.cfg.get("api_key")
             if key and self.headers.get("Authorization", "") != f"Bearer {key}":

@@ -16,7 +16,9 @@ from ..facts import deployment_problem
 from .command import PlanError, check_layout
 from .gpuset import GpuSetError, resolve
 
-KEYS = ("name", "nodes", "gpus", "port")
+KEYS = ("name", "nodes", "gpus", "port", "state")
+# A replica listed with state: absent is removed (scale-in), its nodes still in the inventory; present is the default.
+STATES = ("present", "absent")
 ROUTERS = ("vllm-router", "sglang-router")
 # The router each engine ships (the simulator stands in for either engine; vllm-router routes to both).
 ROUTER_OF_ENGINE = {"vllm": "vllm-router", "sglang": "sglang-router"}
@@ -34,10 +36,12 @@ def _int(v: Any, default: int = 0) -> int:
 
 
 def expand(replicas: Any, shape: Mapping) -> list[dict]:
-    """Each replica as the engine role launches it: {index, name, deployment, nodes (head first), gpus, port, url}.
+    """Each replica as the engine role launches it: {index, name, deployment, nodes (head first), gpus, port, url,
+    state}.
 
     replicas: llmfleet_replicas, a list of {name, nodes, gpus (optional, the GPU indexes each of its nodes gives
-    it, as llmfleet_gpus), port (optional, its API port; the engine's port otherwise)}. shape: deployment, nodes
+    it, as llmfleet_gpus), port (optional, its API port; the engine's port otherwise), state (optional: present, or
+    absent to remove it while its nodes stay in the inventory)}. shape: deployment, nodes
     (the hosts of llmfleet_nodes), tp, pp, gpus_per_node, port (the API port every replica uses unless it names
     its own), head_hosts (the head group: a replica holding it has it first), fabric_ips (host -> the address the
     router reaches its API on; url). Raises ReplicaError listing every problem, each naming the replica, the node
@@ -59,7 +63,14 @@ def expand(replicas: Any, shape: Mapping) -> list[dict]:
             problems.append(f"replica {one['name']}: the name is used twice in llmfleet_replicas: give each its own")
         names.append(one["name"])
         out.append(one)
-    problems += _sharing_problems(out)
+    present = [r for r in out if r["state"] == "present"]
+    problems += _sharing_problems(present)
+    if out and not present and not problems:
+        problems.append(
+            "every replica is state: absent: remove the whole deployment with playbooks/reset.yml instead (its router "
+            "would have no worker)"
+        )
+    # A node of a replica being removed (state: absent) is placed: it is in the play to have that replica removed.
     placed = {n for r in out for n in r["nodes"]}
     idle = [n for n in group if n not in placed]
     if idle and not problems:
@@ -117,12 +128,15 @@ def _replica(i: int, r: Any, shape: Mapping, group: list, problems: list) -> dic
     if r.get("port") not in (None, "") and not 0 < _int(r.get("port"), -1) < 65536:
         problems.append(f"{label}: port={r.get('port')!r} is not a TCP port (1-65535)")
     port = _int(r.get("port"), _int(shape.get("port")))
+    state = r.get("state") or "present"
+    if state not in STATES:
+        problems.append(f"{label}: state={state!r}: use present (the default) or absent (the replica is removed)")
     # Node order = node rank: the fleet's head first when the replica holds it, then the order given.
     heads = [h for h in shape.get("head_hosts") or [] if h in rnodes]
     ordered = heads + [n for n in rnodes if n not in heads]
     ip = (shape.get("fabric_ips") or {}).get(ordered[0]) or ordered[0]
     return {"index": i, "name": name, "deployment": derived, "nodes": ordered, "gpus": gpus, "port": port,
-            "url": f"http://{ip}:{port}"}  # fmt: skip
+            "url": f"http://{ip}:{port}", "state": state}  # fmt: skip
 
 
 def _sharing_problems(replicas: list[dict]) -> list[str]:
@@ -275,3 +289,48 @@ def in_flight(metrics: Any) -> int | None:
             continue
         seen = True
     return int(total) if seen else None
+
+
+def _router_unit_key(text: str) -> tuple[list[str], list[str]]:
+    """A router unit's text without what only names its workers: its comment lines, and the URLs after
+    --worker-urls in ExecStart (up to the next option). Returns (the rest, the worker URLs)."""
+    import shlex
+
+    rest: list[str] = []
+    urls: list[str] = []
+    for line in str(text or "").splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        if line.startswith("ExecStart="):
+            try:
+                argv = shlex.split(line[len("ExecStart=") :])
+            except ValueError:
+                rest.append(line)
+                continue
+            kept, on = [], False
+            for a in argv:
+                if a == "--worker-urls":
+                    on = True
+                    kept.append(a)
+                elif on and not a.startswith("--"):
+                    urls.append(a)
+                else:
+                    on = False
+                    kept.append(a)
+            line = "ExecStart=" + " ".join(kept)
+        rest.append(line)
+    return rest, urls
+
+
+def router_unit_change(old: Any, new: Any) -> str:
+    """What a new text of the replicas' router unit asks of a running router: "none" (the same unit), "workers"
+    (only its replicas differ: added and removed through the router's worker API, the router and the replicas
+    routed to keep serving) or "restart" (its flags, port, key or anything else changed, or there was no unit)."""
+    if not str(old or "").strip():
+        return "restart"
+    if str(old) == str(new):
+        return "none"
+    (old_rest, old_urls), (new_rest, new_urls) = _router_unit_key(old), _router_unit_key(new)
+    if old_rest != new_rest:
+        return "restart"
+    return "workers" if old_urls != new_urls else "none"

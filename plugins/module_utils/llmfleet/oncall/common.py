@@ -192,12 +192,12 @@ def fleet_of(args: argparse.Namespace) -> Fleet:
 
 
 def replica_fleets(fleet: Fleet) -> list[Fleet]:
-    """Each replica of llmfleet_replicas as the engine role runs it: a deployment of its own, <deployment>-<name>,
-    on its nodes (the fleet's head first when the replica holds it, then the order given)."""
+    """Each replica of llmfleet_replicas as the engine role runs it (those listed with state: absent are being
+    removed): a deployment of its own, <deployment>-<name>, on its nodes (the fleet's head first when the replica holds it, then the order given)."""
     out = []
     by_name = {n.name: n for n in fleet.nodes}
     for r in fleet.replicas:
-        if not isinstance(r, dict) or not r.get("name"):
+        if not isinstance(r, dict) or not r.get("name") or r.get("state") == "absent":
             continue
         names = [str(x) for x in r.get("nodes") or [] if str(x) in by_name]
         names = [x for x in names if x == fleet.head.name] + [x for x in names if x != fleet.head.name]
