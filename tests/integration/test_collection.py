@@ -8,7 +8,12 @@ inventory's group_vars). The ops host's Python finds no llmfleet package of its 
 Then the way out, from the same installed collection (`llmfleet.fleet.reset`) on the deployment that run left: a
 --check reset that changes nothing and lists what would go, a reset with the staged revision and the runtime that
 leaves no trace of the deployment on any node - except what another deployment installed on node2 still uses -, a
-second reset that changes nothing, and site.yml bringing the deployment back to serving."""
+second reset that changes nothing, and site.yml bringing the deployment back to serving; on it, preflight refuses
+to disturb the serving deployment and site.yml stops it in order when asked.
+
+The first run is also the suite's end-to-end check of site.yml on a fresh fleet (what it installs, stages, starts,
+accepts and reports), and of what its preflight and NCCL check find on the clean lab: one bring-up serves them all
+(test_site.py keeps the refusal of a contradictory inventory; test_preflight.py and test_nccl_check.py their faults)."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import time
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import collection
 from tests.integration.conftest import LAB_NODES, ROOT, ssh
@@ -64,8 +70,11 @@ control_path_dir = {work}/cp
     env.pop("ANSIBLE_COLLECTIONS_PATH")  # the site's ansible.cfg names it
     env.update(ANSIBLE_CONFIG=str(work / "ansible.cfg"), PYTHONPATH=str(base / "decoy"), ANSIBLE_NOCOLOR="1")
     yield installed, work, env
-    # Leave the lab as the other modules expect it: nothing serving, no unit failed, the NVMe empty.
-    playbook(work, env, "llmfleet.fleet.engine_stop", "-e", f"llmfleet_report_dir={work}/reports")
+    # Leave the lab as the other modules expect it: nothing serving, no unit failed, the NVMe empty. The last test
+    # stops the deployment itself: the ordered stop runs again only where a unit of it still runs.
+    running = "systemctl list-units 'llmfleet-*' --state=active,activating,deactivating,reloading --plain --no-legend"
+    if any(ssh(lab, n, running).stdout.strip() for n in NODES):
+        playbook(work, env, "llmfleet.fleet.engine_stop", "-e", f"llmfleet_report_dir={work}/reports")
     for i, n in enumerate(NODES, 1):
         ssh(lab, n, "systemctl reset-failed 'llmfleet-*' || true", check=False)
         lab.wipe_nvme(lab.node(i))
@@ -117,19 +126,105 @@ def playbook(work, env, *args, check=True):
     return cp
 
 
+STEPS_RUN = ["preflight", "topology", "staging", "nccl check", "engine/cold start", "acceptance"]
+
+
+def check_the_deployment_report(report_dir):
+    """site.yml ends with the deployment report of this run: every step it ran is in it, with its numbers."""
+    latest = report_dir / "demo" / "latest"
+    model = json.loads((latest / "report.json").read_text())
+    steps = {s["name"]: s["status"] for s in model["steps"]}
+    # The lab has no GPUs (preflight warns) and no bench in site.yml; every other step passed.
+    assert [n for n in STEPS_RUN if steps[n] not in ("pass", "warn")] == [], steps
+    assert steps["bench"] == "not-run" and model["status"] == "pass", model["verdict"]
+    md = (latest / "report.md").read_text()
+    assert (
+        sum(line.startswith(f"| node{i} |") for i in range(1, LAB_NODES + 1) for line in md.splitlines()) >= LAB_NODES
+    )
+    # the lab's engine serves on every address without a key: the report says so, not only the play output
+    assert "node1 serves the sglang API of demo" in md, md[:3000]
+    html = (latest / "report.html").read_text()
+    assert 'id="timeline"' in html and "<svg" in html and "http://" not in html.split("<body", 1)[0]
+
+
+def check_the_metrics(lab):
+    """The roles left node_exporter textfiles on the head that Prometheus' own parser reads."""
+    out = ssh(
+        lab,
+        "node1",
+        'cd /var/lib/node_exporter/textfile_collector && for f in *.prom; do echo "# FILE $f"; cat $f; done',
+    )
+    files = [line.split()[-1] for line in out.stdout.splitlines() if line.startswith("# FILE ")]
+    assert {"llmfleet_stage_demo-model.prom", "llmfleet_nccl_check.prom", "llmfleet_engine_ready_demo.prom",
+            "llmfleet_acceptance_demo.prom"} <= set(files), files  # fmt: skip
+    names = {s.name for fam in text_string_to_metric_families(out.stdout) for s in fam.samples}
+    assert {"llmfleet_stage_ok", "llmfleet_engine_gate_ok", "llmfleet_engine_ready_timestamp_seconds",
+            "llmfleet_stage_timestamp_seconds", "llmfleet_collective_timestamp_seconds"} <= names, sorted(names)  # fmt: skip
+
+
+def check_the_collectives(lab, stdout):
+    """site.yml's NCCL check on the fresh fleet: real Gloo worlds across the nodes (2 ranks per node), every value
+    exact, each rank where the layout puts it; it ended without polling (test_nccl_check.py: its faults)."""
+    play = stdout.split("PLAY [Check collectives across the fleet", 1)[1].split("\nPLAY [", 1)[0]
+    assert "FAILED - RETRYING" not in play, play[-3000:]
+    v = json.loads(ssh(lab, "node1", "cat /var/lib/llmfleet/checks/nccl-check-latest.json").stdout)
+    assert v["ok"] and len(v["ranks"]) == 2 * LAB_NODES and sum(r["wrong"] for r in v["ranks"]) == 0
+    assert sorted(r["rank"] for r in v["ranks"]) == list(range(2 * LAB_NODES))
+    assert {r["rank"]: r["host"] for r in v["ranks"]}[2] == "node2"  # rank = node index x 2 + local
+
+
+def check_what_site_installed_staged_and_reported(lab, reports):
+    """site.yml on a fresh fleet (nothing staged): what it installed, staged, accepted and reported."""
+    # the clean lab passes preflight, with the warnings of a lab without GPUs (test_preflight.py: its faults)
+    preflight = json.loads((reports / "preflight.json").read_text())
+    assert preflight["status"] == "warn" and preflight["failed_nodes"] == [], preflight
+    report = json.loads((reports / "fleet-summary.json").read_text())
+    assert sorted(report["nodes"]) == NODES
+    assert len({n["machine_id"] for n in report["nodes"].values()}) == LAB_NODES
+    assert any("with no llmfleet_api_key" in w for w in report["warnings"])
+    # the demo model was staged on every node, reading shared storage once for the fleet
+    stage = json.loads((reports / "stage-demo-model.json").read_text())["nodes"]
+    assert sorted(stage) == sorted(report["nodes"])
+    total = stage["node1"]["total_bytes"]
+    assert sum(r["source_bytes_read"] for r in stage.values()) == total
+    assert all(r["bytes_copied"] == total for r in stage.values())
+    # the runtime the base role installed works on a node, as the service account
+    out = ssh(lab, "node2", "setpriv --reuid=llmfleet --regid=llmfleet --init-groups llmfleet node-info --json").stdout
+    assert json.loads(out)["hostname"] == "node2"
+    # and the staged revision verifies with it
+    rev = stage["node2"]["revision"]
+    assert ssh(lab, "node2", f"llmfleet checkpoint verify {MODEL_DIR}/{rev}").returncode == 0
+    # site.yml ends with acceptance: the endpoint the engine role published passed the hard gates
+    endpoint = json.loads((reports / "endpoint-demo.json").read_text())
+    assert endpoint["url"] == "http://10.77.0.11:30000" and endpoint["model"] == "demo-model", endpoint
+    accepted = json.loads((reports / "acceptance-demo.json").read_text())
+    assert accepted["accepted"], accepted["summary"]
+    assert [c["verdict"] for c in accepted["checks"] if c["kind"] == "gate"] == ["pass"] * 3
+    assert "ACCEPTED" in (reports / "acceptance-demo.md").read_text()
+    check_the_deployment_report(reports)
+    check_the_metrics(lab)
+    # the report role's Prometheus file_sd targets: the published endpoint, and node_exporter on every node
+    sd = reports / "file_sd"
+    assert [g["targets"] for g in json.loads((sd / "demo-engine.json").read_text())] == [["10.77.0.11:30000"]]
+    node_sd = json.loads((sd / "demo-node.json").read_text())
+    assert [g["labels"]["node"] for g in node_sd] == NODES, node_sd
+
+
 def test_site_from_the_installed_collection_as_ops(lab, site):
     installed, work, env = site
     reports = work / "reports"
     t0 = time.time()
     # The lab may serve from an earlier module: the ordered stop first, as an operator re-running site.yml would ask.
-    playbook(work, env, "llmfleet.fleet.site", "-e", f"llmfleet_report_dir={reports}",
-             "-e", "llmfleet_stop_before_checks=true")  # fmt: skip
+    cp = playbook(work, env, "llmfleet.fleet.site", "-e", f"llmfleet_report_dir={reports}",
+                  "-e", "llmfleet_stop_before_checks=true")  # fmt: skip
     t1 = time.time()
     print(f"site.yml from the installed collection: {t1 - t0:.0f} s")
     # Every step passed, with the report the report role rendered with the collection's package.
     model = json.loads((reports / "demo" / "latest" / "report.json").read_text())
     assert model["status"] == "pass", model["verdict"]
     assert json.loads((reports / "acceptance-demo.json").read_text())["accepted"]
+    check_what_site_installed_staged_and_reported(lab, reports)
+    check_the_collectives(lab, cp.stdout)
     # The collection's run callback (enabled by the site's ansible.cfg) kept how the run ended.
     run = json.loads((reports / "run-demo.json").read_text())
     assert run["outcome"] == "completed" and run["stopped"] is None, run
@@ -228,3 +323,24 @@ def test_site_from_the_collection_brings_a_reset_fleet_back(lab, site):
         assert "/opt/llmfleet" in traces(lab, n), n  # the runtime, and the revision, back on every node
         ssh(lab, n, f"test -f {MODEL_DIR}/{REV}/config.json")
     assert (reports / "endpoint-demo.json").exists() and (reports / "file_sd" / "demo-engine.json").exists()
+
+
+def test_preflight_refuses_the_serving_fleet_and_site_stops_it_in_order_when_asked(lab, site):
+    """On the deployment the run above brought back: preflight (which binds and probes its ports) refuses, naming
+    the way out; asked to, site.yml stops the deployment in order first, and preflight runs."""
+    _, work, env = site
+    reports = work / "reports"
+    if ssh(lab, "node1", "systemctl is-active llmfleet-demo.service", check=False).stdout.strip() != "active":
+        playbook(work, env, "llmfleet.fleet.site", "-e", f"llmfleet_report_dir={reports}",
+                 "-e", "llmfleet_stop_before_checks=true")  # fmt: skip
+    cp = playbook(work, env, "llmfleet.fleet.preflight", "-e", f"llmfleet_report_dir={reports}", check=False)
+    assert cp.returncode != 0
+    out = " ".join(cp.stdout.split())
+    assert f"demo is serving on {', '.join(NODES)} (llmfleet-demo.service is running)" in out, cp.stdout[-3000:]
+    assert "llmfleet_stop_before_checks=true" in out
+    (reports / "preflight.json").unlink(missing_ok=True)
+    cp = playbook(work, env, "llmfleet.fleet.site", "--tags", "preflight", "-e", "llmfleet_stop_before_checks=true",
+                  "-e", f"llmfleet_report_dir={reports}")  # fmt: skip
+    assert "Ordered stop, head first" in cp.stdout
+    assert ssh(lab, "node1", "systemctl is-active llmfleet-demo.service", check=False).stdout.strip() == "inactive"
+    assert json.loads((reports / "preflight.json").read_text())["status"] != "fail"

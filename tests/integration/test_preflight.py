@@ -1,4 +1,5 @@
-"""Preflight on the lab with injected inconsistencies: the table names the odd node."""
+"""Preflight on the lab with injected inconsistencies: the table names the odd node. (The clean lab passing with
+the warnings of a lab without GPUs is checked on site.yml's own preflight, in test_collection.py.)"""
 
 import json
 
@@ -14,12 +15,6 @@ def preflight(tmp_path, *extra):
                      check=False)  # fmt: skip
     report = json.loads((tmp_path / "preflight.json").read_text())
     return cp, report
-
-
-def test_clean_lab_passes_with_gpu_warnings(lab, tmp_path):
-    cp, report = preflight(tmp_path)
-    assert cp.returncode == 0, cp.stdout[-3000:]
-    assert report["status"] == "warn" and report["failed_nodes"] == []
 
 
 @pytest.fixture
