@@ -292,6 +292,9 @@ def test_day_2_on_serving_replicas_a_rerun_a_setting_a_scale_in_and_out_and_a_re
     assert [(s["replica"], s["outcome"]) for s in record["steps"]] == [("r0", "rolled")], record
     assert set(workers()) == set(WORKERS) and all(workers().values())
     assert unit(lab, "node1", "llmfleet-demo-router.service", "MainPID") == router_pid  # never restarted
+    # Acceptance asked the deployment's address, the router (sglang-router lists the served name on /v1/models).
+    accepted = json.loads((tmp_path / "acceptance-demo.json").read_text())
+    assert accepted["url"].rstrip("/").endswith(":30000"), accepted["url"]
     assert client.sent > 0 and client.failed == 0, (client.sent, client.failed, client.errors[:5])
 
     # Stopped in order (router first): the rollout test starts the vLLM profile fresh rather than converging a serving
