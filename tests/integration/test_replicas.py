@@ -247,7 +247,9 @@ def test_day_2_on_serving_replicas_a_rerun_a_setting_a_scale_in_and_out_and_a_re
     # A changed engine setting: each serving replica leaves the router, drains, restarts and is gated, then goes
     # back in, one after the other; the router is never restarted.
     setting = {**day2, "engine_env": {"LLMFLEET_DAY2_SETTING": "1"}}
+    spans, t0 = {}, time.monotonic()
     cp = playbook("engine", check=False, **setting)
+    spans["setting"], t0 = time.monotonic() - t0, time.monotonic()
     flat = " ".join(cp.stdout.split())
     assert cp.returncode == 0, flat[-5000:]
     assert "demo-r0: drained" in flat and "demo-r1: drained" in flat, flat[-5000:]
@@ -260,6 +262,7 @@ def test_day_2_on_serving_replicas_a_rerun_a_setting_a_scale_in_and_out_and_a_re
     # the router keep running.
     fewer = [REPLICAS[0], {**REPLICAS[1], "state": "absent"}]
     cp = playbook("engine", check=False, **setting, llmfleet_replicas=fewer)
+    spans["scale-in"], t0 = time.monotonic() - t0, time.monotonic()
     flat = " ".join(cp.stdout.split())
     assert cp.returncode == 0, flat[-5000:]
     assert "demo: removed replicas demo-r1 (out of the router first, drained)" in flat, flat[-5000:]
@@ -276,13 +279,15 @@ def test_day_2_on_serving_replicas_a_rerun_a_setting_a_scale_in_and_out_and_a_re
     r0_before = {k: v for k, v in start_times(lab).items() if k[1] == "r0"}
     cp = run_ansible("ansible-playbook", "playbooks/site.yml", "-e",
                      json.dumps({**VARS, **setting, "llmfleet_model_revision": REV_B}), timeout=900, check=False)  # fmt: skip
+    spans["scale-out + roll (site.yml)"] = time.monotonic() - t0
     flat = " ".join(cp.stdout.split())
     time.sleep(2)
     client.stop.set()
     client.join(30)
     print(
         f"\nday 2: setting rolled, r1 removed, r1 added + r0 rolled to B: client {client.sent} sent, "
-        f"{client.failed} failed, longest gap {client.gap:.1f} s; errors {client.errors[:3]}"
+        f"{client.failed} failed, longest gap {client.gap:.1f} s; errors {client.errors[:3]}; "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in spans.items())
     )
     assert cp.returncode == 0, flat[-6000:]
     assert f"demo: replicas r0 serve another revision than {REV_B}: rolled one at a time" in flat, flat[-6000:]
