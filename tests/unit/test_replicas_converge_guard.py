@@ -62,3 +62,21 @@ def test_the_same_revision_or_replicas_not_serving_are_not_rolled(tmp_path, acti
 def test_the_rollout_rolls_every_replica(tmp_path):
     rc, out = guard(tmp_path, ["inactive", "failed"], REV_A, rollout=True)
     assert rc == 0 and "ROLLING=r0,r1." in out and "serve another revision" not in out, out[-2000:]
+
+
+def test_a_deployment_without_replicas_skips_the_router_question(tmp_path):
+    """The question a serving replica's restart asks its router (tasks/0020-install.yml) is skipped, not failed, for a
+    deployment without replicas: there is no router node to delegate to (Ansible templates delegate_to first)."""
+    tasks = yaml.safe_load((ROOT / "roles/engine/tasks/0020-install.yml").read_text())
+    task = next(t for t in tasks if t["name"] == "Whether the replica's router routes to it now")
+    play = [{"name": "The question", "hosts": "localhost", "gather_facts": False, "tasks": [task], "vars": {
+        "_engine_replica_serving_restart": False, "_engine_roll_router": "vllm-router",
+        "_engine_replica_router_local": "http://127.0.0.1:9"}}]  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp")}  # fmt: skip
+    cp = subprocess.run([f"{bindir}/ansible-playbook", "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml")],
+                        capture_output=True, text=True, check=False, timeout=120, cwd=ROOT, env=env)  # fmt: skip
+    out = " ".join((cp.stdout + cp.stderr).split())
+    assert cp.returncode == 0 and "skipping: [localhost]" in out, out[-2000:]
