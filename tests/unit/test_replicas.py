@@ -246,8 +246,11 @@ def router_unit(urls=("http://10.0.0.1:8000", "http://10.0.0.3:8000"), port=3000
         (router_unit(), router_unit(), "none"),
         # A replica added or removed: through the router's worker API, no restart (its comment lines follow).
         (router_unit(), router_unit(urls=("http://10.0.0.1:8000",), names="demo-r0"), "workers"),
-        (router_unit(), router_unit(urls=("http://10.0.0.1:8000", "http://10.0.0.3:8000", "http://10.0.0.5:8000")),
-         "workers"),  # fmt: skip
+        (
+            router_unit(),
+            router_unit(urls=("http://10.0.0.1:8000", "http://10.0.0.3:8000", "http://10.0.0.5:8000")),
+            "workers",
+        ),
         # Only a comment differs: nothing for the running router.
         (router_unit(), router_unit(names="demo-r0 and demo-r1"), "none"),
         # Its own settings: a restart.

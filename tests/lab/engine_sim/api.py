@@ -262,6 +262,18 @@ class ApiHandler(BaseHTTPRequestHandler):
     def error(self, status: int, message: str, kind: str, param: str | None = None) -> int:
         return self.send_json(status, self.api.error_body(status, message, kind, param))
 
+    def _sglang_info(self, path: str) -> dict[str, Any] | None:
+        """SGLang's model and server info endpoints, or None for another path. /server_info is a subset of the real
+        one (SGLang 0.5 returns every ServerArgs field): sglang-router 0.3.2 reads served_model_name there when it
+        registers a worker (seen: without it the router lists the worker's model as "unknown" on its /v1/models)."""
+        cfg = self.api.cfg
+        if path == "/get_model_info":
+            return {"model_path": cfg["model"], "tokenizer_path": cfg["model"], "is_generation": True}
+        if path in ("/server_info", "/get_server_info"):
+            return {"model_path": cfg["model"], "served_model_name": cfg["served"][0], "tp_size": cfg.get("tp", 1),
+                    "dp_size": 1, "is_generation": True}  # fmt: skip
+        return None
+
     # routing
     def _route(self, method: str, path: str) -> int:  # noqa: PLR0911 (one return per endpoint)
         api, state, flavour = self.api, self.api.state, self.api.flavour
@@ -283,15 +295,9 @@ class ApiHandler(BaseHTTPRequestHandler):
                       "sglang": (f'sglang:num_running_reqs{{model_name="{model}"}} {float(n)}\n'
                                  f'sglang:num_queue_reqs{{model_name="{model}"}} 0.0\n')}[flavour]  # fmt: skip
             return self.send_text(200, f"# llmfleet engine simulator\nllmfleet_sim_serving {ok}\n{gauges}")
-        if path == "/get_model_info" and flavour == "sglang" and method == "GET":
-            return self.send_json(200, {"model_path": api.cfg["model"], "tokenizer_path": api.cfg["model"],
-                                        "is_generation": True})  # fmt: skip
-        # SGLang 0.5's server arguments (a subset of the real /server_info, which returns every ServerArgs field):
-        # sglang-router 0.3.2 reads served_model_name there when it registers a worker (seen: without it the router
-        # lists the worker's model as "unknown" on its /v1/models).
-        if path in ("/server_info", "/get_server_info") and flavour == "sglang" and method == "GET":
-            return self.send_json(200, {"model_path": api.cfg["model"], "served_model_name": api.cfg["served"][0],
-                                        "tp_size": api.cfg.get("tp", 1), "dp_size": 1, "is_generation": True})  # fmt: skip
+        info = self._sglang_info(path) if flavour == "sglang" and method == "GET" else None
+        if info is not None:
+            return self.send_json(200, info)
         if path.startswith("/v1/"):
             key = api.cfg.get("api_key")
             if key and self.headers.get("Authorization", "") != f"Bearer {key}":
