@@ -18,7 +18,6 @@ node of llmfleet_node_group must run a replica) and the plays are limited to the
 
 import json
 import re
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +25,7 @@ import urllib.request
 import pytest
 
 from tests.helpers.det_model import write_det_model
+from tests.helpers.router_client import RouterClient
 from tests.integration.conftest import ROOT, run_ansible, ssh
 
 VENV = ROOT / ".venv-vllm"
@@ -112,35 +112,10 @@ def start_times(lab):
     return {n: unit(lab, n, u, "ExecMainStartTimestampMonotonic") for n, u in UNITS.items()}
 
 
-class Client(threading.Thread):
-    """One request at a time through the router, each bounded (10 s), one every half second (each is real work on
-    the two cores a restarting replica starts on): counts answers and failures (with their time), the longest stretch
-    with no correct answer, and whether a request is in flight now."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.stop, self.sent, self.failed, self.gap, self.errors = threading.Event(), 0, 0, 0.0, []
-        self.failed_at, self.busy = [], False
-
-    def run(self):
-        last_ok = time.monotonic()
-        while not self.stop.is_set():
-            self.sent += 1
-            self.busy = True
-            try:
-                ok = ask() == "703"
-            except (OSError, urllib.error.URLError, KeyError, ValueError) as e:
-                ok = False
-                self.errors.append(repr(e)[:200])
-            self.busy = False
-            now = time.monotonic()
-            if ok:
-                self.gap = max(self.gap, now - last_ok)
-                last_ok = now
-            else:
-                self.failed += 1
-                self.failed_at.append(now)
-            time.sleep(0.5)
+def Client():
+    """One request at a time through the router, one every half second (each is real work on the two cores a
+    restarting replica starts on)."""
+    return RouterClient(ask, pause=0.5)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.router_client import RouterClient
 from tests.integration.conftest import ROOT, run_ansible, ssh
 
 NODES = ["node1", "node2", "node3", "node4"]
@@ -73,30 +73,9 @@ def workers():
         return {w["url"]: w["is_healthy"] for w in json.loads(r.read())["workers"]}
 
 
-class Client(threading.Thread):
-    """One request at a time through the router, each bounded (10 s): counts answers and failures and the longest
-    stretch with no correct answer."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.stop, self.sent, self.failed, self.gap, self.errors = threading.Event(), 0, 0, 0.0, []
-
-    def run(self):
-        last_ok = time.monotonic()
-        while not self.stop.is_set():
-            self.sent += 1
-            try:
-                ok = ask() == "703"
-            except (OSError, urllib.error.URLError, KeyError, ValueError) as e:
-                ok = False
-                self.errors.append(repr(e)[:200])
-            now = time.monotonic()
-            if ok:
-                self.gap = max(self.gap, now - last_ok)
-                last_ok = now
-            else:
-                self.failed += 1
-            time.sleep(0.1)
+def Client():
+    """One request at a time through the router, each bounded (10 s)."""
+    return RouterClient(ask)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,16 @@ from tests.unit.test_engine_role import ROOT
 REV_A, REV_B = "a" * 40, "b" * 40
 
 
+def run_play(tmp_path, play):
+    """ansible-playbook on localhost with the checkout's configuration."""
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp")}  # fmt: skip
+    return subprocess.run([f"{bindir}/ansible-playbook", "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml")],
+                          capture_output=True, text=True, check=False, timeout=120, cwd=ROOT, env=env)  # fmt: skip
+
+
 def guard(tmp_path, active, revision, rollout=False):
     tasks = yaml.safe_load((ROOT / "roles/engine/tasks/replicas.yml").read_text())
     task = next(t for t in tasks if t["name"] == "The replicas this run rolls")
@@ -32,12 +42,7 @@ def guard(tmp_path, active, revision, rollout=False):
                              {"name": "r1", "deployment": "demo-r1", "nodes": ["node3", "node4"]}],
         "_engine_replica_active": {"results": [{"stdout": a} for a in active]},
         "_engine_replica_unitf": {"results": [{"content": unit}, {"content": unit}]}}}]  # fmt: skip
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    bindir = os.path.dirname(sys.executable)
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp")}  # fmt: skip
-    cp = subprocess.run([f"{bindir}/ansible-playbook", "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml")],
-                        capture_output=True, text=True, check=False, timeout=120, cwd=ROOT, env=env)  # fmt: skip
+    cp = run_play(tmp_path, play)
     return cp.returncode, " ".join((cp.stdout + cp.stderr).split())
 
 
@@ -72,11 +77,6 @@ def test_a_deployment_without_replicas_skips_the_router_question(tmp_path):
     play = [{"name": "The question", "hosts": "localhost", "gather_facts": False, "tasks": [task], "vars": {
         "_engine_replica_serving_restart": False, "_engine_roll_router": "vllm-router",
         "_engine_replica_router_local": "http://127.0.0.1:9"}}]  # fmt: skip
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    bindir = os.path.dirname(sys.executable)
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp")}  # fmt: skip
-    cp = subprocess.run([f"{bindir}/ansible-playbook", "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml")],
-                        capture_output=True, text=True, check=False, timeout=120, cwd=ROOT, env=env)  # fmt: skip
+    cp = run_play(tmp_path, play)
     out = " ".join((cp.stdout + cp.stderr).split())
     assert cp.returncode == 0 and "skipping: [localhost]" in out, out[-2000:]
