@@ -59,7 +59,7 @@ def test_extra_vars_do_not_rename_a_replica(tmp_path):
 def test_the_role_names_its_deployment_only_through_the_internal_variable():
     """Every task and template that runs inside a replica's launch reads _engine_deployment; llmfleet_deployment is
     read where the deployment itself is meant (its replicas, its router, the rollout record) and in the definition."""
-    outer = {"replicas.yml", "replica-router.yml", "rollout-record.yml", "rollout-replica.yml", "main.yml",
+    outer = {"replicas.yml", "replica-router.yml", "replica-scale-in.yml", "rollout-record.yml", "rollout-replica.yml", "main.yml",
              "engine-replica-router.service.j2"}  # fmt: skip
     offenders = []
     for path in [*(ROOT / "roles/engine/tasks").glob("*.yml"), *(ROOT / "roles/engine/templates").glob("*.j2")]:
