@@ -73,6 +73,13 @@ def llmfleet_router_unit_change(old, new) -> str:
     return r.router_unit_change(old, new)
 
 
+def llmfleet_router_listed(doc) -> list:
+    """The worker URLs in a replicas' router's worker list (vllm-router's or sglang-router's answer)."""
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.engine import replicas as r
+
+    return r.listed_urls(doc)
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -83,4 +90,5 @@ class FilterModule:
             "llmfleet_replica_router_exec": llmfleet_replica_router_exec,
             "llmfleet_in_flight": llmfleet_in_flight,
             "llmfleet_router_unit_change": llmfleet_router_unit_change,
+            "llmfleet_router_listed": llmfleet_router_listed,
         }

@@ -261,3 +261,17 @@ def router_unit(urls=("http://10.0.0.1:8000", "http://10.0.0.3:8000"), port=3000
 )
 def test_a_router_unit_that_changes_only_its_replicas_keeps_the_router_running(old, new, change):
     assert replicas.router_unit_change(old, new) == change
+
+
+@pytest.mark.parametrize(
+    ("doc", "urls"),
+    [
+        ({"urls": ["http://a:8000", "http://b:8000"]}, ["http://a:8000", "http://b:8000"]),  # vllm-router 0.1.17
+        ({"workers": [{"id": "x", "url": "http://a:8000", "is_healthy": True}], "total": 1}, ["http://a:8000"]),
+        ({}, []),
+        (None, []),
+        ({"workers": "?"}, []),
+    ],
+)
+def test_the_urls_a_router_lists_from_either_routers_worker_api(doc, urls):
+    assert replicas.listed_urls(doc) == urls

@@ -334,3 +334,15 @@ def router_unit_change(old: Any, new: Any) -> str:
     if old_rest != new_rest:
         return "restart"
     return "workers" if old_urls != new_urls else "none"
+
+
+def listed_urls(doc: Any) -> list[str]:
+    """The worker URLs a replicas' router lists on its worker API: vllm-router 0.1.17's GET /list_workers
+    {"urls": [...]}, sglang-router 0.3.2's GET /workers {"workers": [{"url", ...}]}; [] for anything else."""
+    doc = doc if isinstance(doc, Mapping) else {}
+    if isinstance(doc.get("urls"), list):
+        return [str(u) for u in doc["urls"]]
+    workers = doc.get("workers")
+    return (
+        [str(w["url"]) for w in workers if isinstance(w, Mapping) and w.get("url")] if isinstance(workers, list) else []
+    )
