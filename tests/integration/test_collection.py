@@ -101,6 +101,10 @@ def traces(lab, node: str) -> list[str]:
     # A staging textfile is the model's (llmfleet_stage_<model>.prom, labelled with the deployment that staged it
     # last): other models' (the staging lab tests stage several as demo) describe revisions a reset of demo keeps.
     found = [p for p in found if not re.search(r"/llmfleet_stage_(?!demo-model\.prom$)[^/]*\.prom$", p)]
+    # The claimed ports' reservation (docs/engine.md, "Reserved ports"): the lab's nodes reserve nothing else.
+    reserved = ssh(lab, node, "echo reserved: $(cat /proc/sys/net/ipv4/ip_local_reserved_ports); "
+                              "ls /etc/sysctl.d 2>/dev/null | grep llmfleet; true").stdout.splitlines()  # fmt: skip
+    found += [line.strip() for line in reserved if line.strip() not in ("", "reserved:")]
     for u in UNITS:
         state = ssh(lab, node, f"systemctl show {u} --property=LoadState --value").stdout.strip()
         if state != "not-found":
@@ -235,6 +239,9 @@ def test_site_from_the_installed_collection_as_ops(lab, site):
         assert got == want, n
     # Serving, under root's systemd (become).
     assert ssh(lab, "node1", "systemctl is-active llmfleet-demo.service", check=False).stdout.strip() == "active"
+    # Its API, rendezvous and link ports are the head's reserved ports (no outgoing connection of the node takes one).
+    head = traces(lab, "node1")
+    assert "reserved: 30000,50080,50082" in head and "60-llmfleet-reserved-ports.conf" in head, head
     # Ansible logged in as the operator on every node (its own SSH masters: the site's control_path_dir) and became
     # root with sudo. (The lab's own root logins, the test's and any lab status check, can fall in the same window.)
     for n in NODES:
