@@ -42,16 +42,10 @@ def _now() -> str:
 
 
 def _message(result: dict) -> str:
-    """A failed task's message: msg, else stderr's last line, else the return code. A no_log task's result comes
-    censored (no msg): the record says why there is no message."""
-    if result.get("_ansible_no_log"):
-        return "the task's output is hidden (no_log)"
-    for key in ("msg", "stderr", "reason"):
-        text = result.get(key)
-        if isinstance(text, str) and text.strip():
-            text = text.strip() if key != "stderr" else text.strip().splitlines()[-1]
-            return text if len(text) <= MSG_CHARS else text[: MSG_CHARS - 3] + "..."
-    return f"exit {result['rc']}" if "rc" in result else "failed"
+    """A failed task's message (a failed loop's: its first failed item's), at most MSG_CHARS long."""
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.failures import failed_message
+
+    return failed_message(result, MSG_CHARS)
 
 
 def update_record(path: str, ending: dict) -> None:

@@ -235,6 +235,13 @@ def llmfleet_timeline_table(timeline: Mapping) -> list:
     return timeline_table(dict(timeline or {}))
 
 
+def llmfleet_failed_msg(result) -> str:
+    """A failed task's result (ansible_failed_result) as one message: a failed loop's first failed item's."""
+    from ansible_collections.llmfleet.fleet.plugins.module_utils.llmfleet.failures import failed_message
+
+    return failed_message(result)
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -263,4 +270,5 @@ class FilterModule:
             "llmfleet_pd_gate_nodes": llmfleet_pd_gate_nodes,
             "llmfleet_engine_record": llmfleet_engine_record,
             "llmfleet_timeline_table": llmfleet_timeline_table,
+            "llmfleet_failed_msg": llmfleet_failed_msg,
         }

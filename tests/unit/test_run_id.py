@@ -62,6 +62,12 @@ ENGINE = """\
     msg: "unrecognized arguments: --enable-metricz (did you mean --enable-metrics?)"
   when: fail_engine | bool
   no_log: "{{ hide | default(false) | bool }}"
+
+- name: Wait for the readiness gate
+  ansible.builtin.fail:
+    msg: "{{ 'engine not ready: first failed node ' ~ item ~ ' (node rank 1)' if item == 'node2' else 'fine' }}"
+  loop: [node1, node2]
+  when: fail_loop | default(false) | bool and item == 'node2'
 """
 # The fleet contract: a dependency of every role (roles/llmfleet), here of the engine's.
 CONTRACT = """\
@@ -147,3 +153,32 @@ def test_a_no_log_tasks_failure_message_stays_out_of_the_run_record(tmp_path):
     stop = json.loads((tmp_path / "reports" / "run-demo.json").read_text())["stopped"]
     assert stop["role"] == "engine" and "--enable-metricz" not in stop["message"], stop
     assert "hidden" in stop["message"]
+
+
+@pytest.mark.skipif(shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) is None,
+                    reason="needs ansible-playbook in the venv")  # fmt: skip
+def test_a_failed_loop_is_recorded_with_its_failed_items_message(tmp_path):
+    """Ansible says only "One or more items failed" of a failed loop (the readiness gate is one): the record says
+    what the failed item said."""
+    bad = play(tmp_path, False, "site.yml", "-e", "fail_loop=true")
+    assert bad.returncode != 0
+    stop = json.loads((tmp_path / "reports" / "run-demo.json").read_text())["stopped"]
+    assert stop["message"] == "engine not ready: first failed node node2 (node rank 1)", stop
+
+
+def test_failed_message_shapes():
+    from llmfleet.failures import failed_message
+
+    assert (
+        failed_message(
+            {
+                "msg": "One or more items failed",
+                "results": [{"failed": False, "msg": "ok"}, {"failed": True, "stderr": "a\nboom"}],
+            }
+        )
+        == "boom"
+    )
+    assert failed_message({"failed": True, "rc": 3}) == "exit 3"
+    assert failed_message({"msg": "x" * 700}).endswith("...") and len(failed_message({"msg": "x" * 700})) == 600
+    assert "hidden" in failed_message({"_ansible_no_log": True, "msg": "secret"})
+    assert failed_message(None) == "failed"
