@@ -284,6 +284,13 @@ def test_day_2_on_serving_replicas_a_rerun_a_setting_a_scale_in_and_out_and_a_re
     # Acceptance asked the deployment's address, the router (sglang-router lists the served name on /v1/models).
     accepted = json.loads((tmp_path / "acceptance-demo.json").read_text())
     assert accepted["url"].rstrip("/").endswith(":30000"), accepted["url"]
+    # The run's report: the router, both replicas on B, the rolled step, and each replica's gate (it said
+    # "INCOMPLETE: engine not run" of a deployment of replicas, which has no engine-demo.json of its own).
+    model = json.loads((tmp_path / "demo" / "latest" / "report.json").read_text())
+    reps = next(sec for sec in model["sections"] if sec["id"] == "replicas")
+    assert model["status"] == "pass" and reps["status"] == "pass", (model["verdict"], reps["summary"])
+    assert [(r["deployment"], r["revision"]) for r in reps["replicas"]] == [("demo-r0", REV_B), ("demo-r1", REV_B)]
+    assert [(st["replica"], st["outcome"]) for st in reps["rollout"]["steps"]] == [("r0", "rolled")], reps["rollout"]
     assert client.sent > 0 and client.failed == 0, (client.sent, client.failed, client.errors[:5])
 
     # A rollout (playbooks/rollout.yml) whose step fails: --check prints the plan and restarts nothing; then the change

@@ -333,7 +333,8 @@ def test_a_fleet_record_newer_than_the_engine_record_is_said(tmp_path):
 URL_ATTRS = {"src", "href", "xlink:href", "action", "data", "poster", "srcset", "formaction", "background"}
 
 
-@pytest.mark.parametrize(("name", "dep"), [("lab-vllm", "demo"), ("h20-engine-failed", "qwen")])
+@pytest.mark.parametrize(("name", "dep"), [("lab-vllm", "demo"), ("h20-engine-failed", "qwen"),
+                                          ("lab-replicas-rollback", "demo")])  # fmt: skip
 def test_the_page_references_nothing_outside_itself(tmp_path, name, dep):
     html, _ = report.render(report.collect(records(tmp_path, name), dep, now=NOW))
     t = tags(html)
@@ -609,3 +610,67 @@ def test_the_warm_up_after_the_gate_is_part_of_the_timeline():
     )
     bad = rs.timeline({"gates": [gate], "warmup": {"ok": False, "wall_s": 3.0, "summary": "WARM-UP FAILED (1 of 4)"}})
     assert bad["status"] == "warn" and bad["summary"].endswith("WARM-UP FAILED (1 of 4)")
+
+
+# ---- a deployment of replicas -------------------------------------------------------------------------------
+
+
+def test_a_rolled_back_rollout_is_the_verdict_with_its_replica_nodes_and_why(tmp_path):
+    """The lab's rollout to a bad revision (Day 2 of tests/integration/test_replicas.py): replica r0 failed its gate
+    on the new revision and went back; r1 was not reached. The run stopped in the engine role of the installed
+    collection (llmfleet.fleet.engine): the step is the engine's, and the replicas section is the verdict."""
+    m = report.collect(records(tmp_path, "lab-replicas-rollback"), "demo", now=NOW)
+    s = by_id(m)
+    assert m["status"] == "fail"
+    assert m["verdict"].startswith("FAIL at replicas and rollout on node1, node2: the rollout to c0c0c0c0c0c0 "
+                                   "stopped at replica r0 (node1, node2), back on b0b0b0b0b0b0: engine not ready: "
+                                   "first failed node node2"), m["verdict"]  # fmt: skip
+    assert m["verdict"].endswith("; not reached: r1")
+    assert m["run"]["stopped"]["step"] == "engine" and m["run"]["stopped"]["role"] == "engine"
+    rep = s["replicas"]
+    assert rep["router"] == {"kind": "sglang-router", "node": "node1", "url": "http://10.77.0.11:30000"}
+    assert [(r["deployment"], r["nodes"], r["ready"]) for r in rep["replicas"]] == [
+        ("demo-r0", ["node1", "node2"], True), ("demo-r1", [], None)]  # fmt: skip
+    assert rep["replicas"][0]["revision"] == "b0" * 20  # back on the revision it ran
+    step = rep["rollout"]["steps"][0]
+    assert (step["outcome"], step["from"], step["to"]) == ("rolled back", "b0" * 20, "c0" * 20)
+    # r1's engine record is an earlier run's: left out, the engine section is r0's gate (the roll-back's)
+    assert s["engine"]["status"] == "pass" and [g["label"] for g in s["engine"]["gates"]] == ["demo-r0: node1,node2"]
+    assert s["engine"]["sources"] == ["engine-demo-r0.json"]
+    assert [st["id"] for st in m["steps"]][4:6] == ["timeline", "replicas"]
+    html, md = report.render(m)
+    assert 'id="rollout"' in html and 'data-outcome="rolled back"' in html and 'data-replica="demo-r1"' in html
+    assert "### Rolling change to `" + "c0" * 20 + "`" in md and "| **rolled back** |" in md
+    assert "Not reached (they keep the revision they ran): r1." in md and "| demo-r1 | — | `—` | no record of" in md
+
+
+def test_a_complete_rollout_passes_with_every_replicas_gate(tmp_path):
+    d = records(tmp_path, "lab-replicas-rollback")
+    rid = json.loads((d / "run-demo.json").read_text())["run_id"]
+    edit(d / "run-demo.json", lambda r: r.update(outcome="completed", stopped=None))
+    edit(d / "engine-demo-r1.json", lambda r: r.update(run_id=rid))
+
+    def rolled(r):
+        first = r["steps"][0]
+        r["steps"] = [{**first, "outcome": "rolled", "runs": first["to"], "error": ""},
+                      {**first, "replica": "r1", "deployment": "demo-r1", "nodes": ["node3", "node4"],
+                       "outcome": "already there", "seconds": 0}]  # fmt: skip
+        r.update(not_reached=[], complete=True)
+
+    edit(d / "rollout-demo.json", rolled)
+    s = by_id(report.collect(d, "demo", now=NOW))
+    assert s["replicas"]["status"] == "pass", s["replicas"]["summary"]
+    assert s["replicas"]["summary"] == ("2 replica(s) behind sglang-router on node1; rollout to c0c0c0c0c0c0: 1 rolled, "
+                                        "1 already there; revision b0b0b0b0b0b0")  # fmt: skip
+    assert [g["label"] for g in s["engine"]["gates"]] == ["demo-r0: node1,node2", "demo-r1: node3,node4"]
+    assert s["engine"]["sources"] == ["engine-demo-r0.json, engine-demo-r1.json"]
+    # a replica whose gate failed fails the section, and the engine's
+    edit(d / "engine-demo-r1.json", lambda r: r.update(ok=False))
+    s = by_id(report.collect(d, "demo", now=NOW))
+    assert s["replicas"]["status"] == "fail" and "demo-r1 failed its gate" in s["replicas"]["summary"]
+    assert s["engine"]["status"] == "fail"
+
+
+def test_a_deployment_of_one_instance_has_no_replicas_section(tmp_path):
+    m = report.collect(records(tmp_path, "lab-vllm"), "demo", now=NOW)
+    assert "replicas" not in by_id(m) and "replicas" not in [st["id"] for st in m["steps"]]

@@ -54,6 +54,8 @@ SECTIONS = (
     ("nccl", "Collective check",
      "Are collectives exact on every node alone, every pair and the whole world, at the expected bus bandwidth?"),
     ("engine", "Engine", "Did the deployment come up and answer correctly; if not, which node and rank failed first?"),
+    ("replicas", "Replicas and rollout",
+     "Which replicas serve behind the router, on which revision, and how did the rolling change go?"),
     ("timeline", "Cold-start timeline", "Where did the cold start spend its time, node by node?"),
     ("speculative", "Speculative decoding",
      "Is speculative decoding on, and are enough drafts accepted for it to pay?"),
@@ -68,13 +70,14 @@ STEPS = (
     ("staging", "staging"),
     ("nccl", "nccl check"),
     ("timeline", "engine/cold start"),
+    ("replicas", "replicas/rollout"),  # a deployment of replicas only
     ("acceptance", "acceptance"),
     ("bench", "bench"),
 )
 # A section's step in a run record's `steps` (what the playbook takes) and that step's tag (its role's name).
 SECTION_STEP = {"preflight": "preflight", "topology": "topology", "staging": "staging", "nccl": "nccl",
-                "engine": "timeline", "timeline": "timeline", "speculative": "timeline", "metrics": "timeline",
-                "acceptance": "acceptance", "bench": "bench"}  # fmt: skip
+                "engine": "timeline", "replicas": "timeline", "timeline": "timeline", "speculative": "timeline",
+                "metrics": "timeline", "acceptance": "acceptance", "bench": "bench"}  # fmt: skip
 STEP_TAG = {"preflight": "preflight", "topology": "topology", "staging": "model_stage", "nccl": "nccl_check",
             "timeline": "engine", "acceptance": "acceptance", "bench": "bench"}  # fmt: skip
 # Where a run stopped, by the role of the failed task (the run record's `stopped.role`).
@@ -93,6 +96,8 @@ def stop_step(stop: dict) -> str:
     return step
 
 
+# The sections of the engine role's step: a run that stopped in that role failed there.
+ENGINE_SECTIONS = ("timeline", "replicas")
 BEFORE_ENGINE = {"inventory", "preflight", "topology", "staging", "nccl"}
 AFTER_ENGINE = {"acceptance", "bench"}
 SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
@@ -194,6 +199,61 @@ def _check_name(deployment: str) -> None:
                           "letter (the inventory's llmfleet_deployment)")  # fmt: skip
 
 
+@dataclass
+class Replicas:
+    """A deployment of replicas (llmfleet_replicas): its endpoint record is the router's and names the replicas,
+    each a deployment of its own with its engine record (engine-<deployment>-<replica>.json); the rolling change
+    has its record (rollout-<deployment>.json). No names: a deployment of one instance."""
+
+    names: list[str]
+    layout: Record | None  # the router's endpoint record, whichever run wrote it (the replicas' names, the router)
+    engines: list[Record | None]
+    rollout: Record | None
+
+    @classmethod
+    def load(cls, d: Path, deployment: str, endpoint: Record | None) -> Replicas:
+        data = (endpoint.data if endpoint else None) or {}
+        listed = data.get("replicas") if isinstance(data.get("replicas"), list) else []
+        names = [n for n in listed if isinstance(n, str) and DEPLOYMENT_RE.match(n)]
+        if not names:
+            return cls([], None, [], None)
+        return cls(names, endpoint, [load_record(d, f"engine-{n}.json") for n in names],
+                   load_record(d, f"rollout-{deployment}.json"))  # fmt: skip
+
+    def records(self) -> list[Record | None]:
+        return [self.rollout, *self.engines]
+
+    def files(self) -> str:
+        return ", ".join(f"engine-{n}.json" for n in self.names)
+
+    def first_engine(self) -> Record | None:
+        return next((r for r in self.engines if r is not None), None)
+
+    def keep(self, run: Run) -> str | None:
+        """Keep this run's records only; why the engine records were all left out (None when one is kept)."""
+        self.rollout = run.own(self.rollout)[0]
+        own = [run.own(r) for r in self.engines]
+        self.engines = [r for r, _ in own]
+        return None if any(self.engines) else "; ".join(why for _, why in own if why) or None
+
+    def engine(self) -> Record | None:
+        """One engine record from the replicas' (an unreadable one is the engine section's error)."""
+        bad = next((r for r in self.engines if r is not None and r.error), None)
+        if bad is not None:
+            return bad
+        present = [r for r in self.engines if r is not None and r.data is not None]
+        if not present:
+            return None
+        newest = max(present, key=lambda r: r.time or dt.datetime.min.replace(tzinfo=dt.UTC))
+        return Record(", ".join(r.name for r in present), rs.replica_engines([r.data for r in present]),
+                      time=newest.time, time_source=newest.time_source)  # fmt: skip
+
+    def section_records(self) -> list[Record | None]:
+        """The replicas section's records: the router's endpoint first, unless nothing of this run describes them."""
+        described = any(self.engines) or self.rollout is not None
+        return [self.layout if described else None, self.rollout, *self.engines]
+
+
 def _stage_record(d: Path, engine: Record | None, endpoint: Record | None) -> tuple[Record | None, str]:
     """The staging record of the deployment's model: the stage-<model>.json of the revision the engine's records
     name, else the one of the served model's name; the only one when nothing names the model."""
@@ -249,7 +309,10 @@ class Run:
 
     def stop(self) -> dict | None:
         st = self.data.get("stopped")
-        return st if isinstance(st, dict) and st.get("node") else None
+        if not isinstance(st, dict) or not st.get("node"):
+            return None
+        # A run of the installed collection names its roles in full (llmfleet.fleet.engine): the step is the role's.
+        return {**st, **{k: str(st[k]).rsplit(".", 1)[-1] for k in ("role", "within") if st.get(k)}}
 
     def stop_text(self) -> str | None:
         st = self.stop()
@@ -376,6 +439,26 @@ def _section(
     return sec
 
 
+def _missing(d: Path, deployment: str, stage_why: str, reps: Replicas) -> dict[str, str]:
+    """Why each section has no record, when it has none (a run's reasons replace these)."""
+    missing = {
+        "inventory": f"no fleet-summary.json, preflight.json or {deployment} record in {d}",
+        "preflight": f"no preflight.json in {d}",
+        "topology": f"no topology.json in {d}",
+        "staging": stage_why or f"no stage-<model>.json in {d}",
+        "nccl": f"no nccl-check.json in {d}",
+        "engine": f"no engine-{deployment}.json in {d}",
+        "acceptance": f"no acceptance-{deployment}.json in {d}",
+        "bench": f"no bench-{deployment}/results.json in {d}",
+        "metrics": f"no endpoint-{deployment}.json or engine-{deployment}.json in {d}",
+    }
+    if reps.names:
+        missing["engine"] = missing["replicas"] = f"no engine record of its replicas ({reps.files()}) in {d}"
+    for k in ("timeline", "speculative"):
+        missing[k] = missing["engine"]
+    return missing
+
+
 def collect(
     report_dir: str | os.PathLike, deployment: str, *, max_age_s: float = MAX_AGE_S, now: dt.datetime | None = None
 ) -> dict[str, Any]:
@@ -388,26 +471,16 @@ def collect(
     topo = load_record(d, "topology.json")
     nccl = load_record(d, "nccl-check.json")
     endpoint = load_record(d, f"endpoint-{deployment}.json")
-    engine = load_record(d, f"engine-{deployment}.json")
+    reps = Replicas.load(d, deployment, endpoint)
+    # Beside the replicas', an engine-<deployment>.json is from before the deployment had them.
+    engine = None if reps.names else load_record(d, f"engine-{deployment}.json")
     accept = load_record(d, f"acceptance-{deployment}.json", ("started_at",))
     bench = load_record(d, f"bench-{deployment}/results.json", ("finished", "started"))
-    stage, stage_why = _stage_record(d, engine, endpoint)
-    run = newest_run(d, deployment, [fleet, pre, topo, nccl, endpoint, engine, accept, bench, stage])
+    stage, stage_why = _stage_record(d, reps.first_engine() if reps.names else engine, endpoint)
+    run = newest_run(d, deployment, [fleet, pre, topo, nccl, endpoint, engine, accept, bench, stage, *reps.records()])
     # records of this deployment in the directory, of whichever run (the CLI's note when there are none)
     has_own_records = any(r is not None for r in (endpoint, engine, accept, bench))
-    missing = {
-        "inventory": f"no fleet-summary.json, preflight.json or {deployment} record in {d}",
-        "preflight": f"no preflight.json in {d}",
-        "topology": f"no topology.json in {d}",
-        "staging": stage_why or f"no stage-<model>.json in {d}",
-        "nccl": f"no nccl-check.json in {d}",
-        "engine": f"no engine-{deployment}.json in {d}",
-        "acceptance": f"no acceptance-{deployment}.json in {d}",
-        "bench": f"no bench-{deployment}/results.json in {d}",
-        "metrics": f"no endpoint-{deployment}.json or engine-{deployment}.json in {d}",
-    }
-    for k in ("timeline", "speculative"):
-        missing[k] = missing["engine"]
+    missing = _missing(d, deployment, stage_why, reps)
     if run is not None:
         # This run's records only: the others are left out, and each section says why.
         left: dict[str, str] = {}
@@ -419,9 +492,11 @@ def collect(
                 left[key] = why
         fleet, pre, topo, nccl = kept["fleet"], kept["pre"], kept["topo"], kept["nccl"]
         endpoint, engine, accept, bench, stage = (kept[k] for k in ("endpoint", "engine", "accept", "bench", "stage"))
+        if reps.names:
+            left["engine"] = reps.keep(run) or ""
         own_key = {"inventory": "fleet", "preflight": "pre", "topology": "topo", "staging": "stage", "nccl": "nccl",
-                   "engine": "engine", "timeline": "engine", "speculative": "engine", "acceptance": "accept",
-                   "bench": "bench", "metrics": "endpoint"}  # fmt: skip
+                   "engine": "engine", "replicas": "engine", "timeline": "engine", "speculative": "engine",
+                   "acceptance": "accept", "bench": "bench", "metrics": "endpoint"}  # fmt: skip
         for sid, key in own_key.items():
             step = SECTION_STEP.get(sid)
             if step is None:  # the inventory: whatever this run recorded
@@ -429,6 +504,8 @@ def collect(
             else:
                 missing[sid] = run.why_missing(step, left.get(key) or (missing[sid] if key == "stage" and stage_why
                                                                       else None))  # fmt: skip
+    if reps.names:
+        engine = reps.engine()
     anchor = engine if engine is not None and engine.data is not None and run is None else None
     ep = endpoint.data if endpoint is not None else None
     common = {"anchor": anchor, "max_age_s": max_age_s, "endpoint": ep, "run": run}
@@ -447,6 +524,8 @@ def collect(
         _section("staging", [stage], rs.staging, missing=missing["staging"], **common),
         _section("nccl", [nccl], rs.nccl, missing=missing["nccl"], **common),
         _section("engine", [engine], rs.engine, missing=missing["engine"], **common),
+        *([_section("replicas", reps.section_records(), rs.replicas, missing=missing["replicas"], **common)]
+          if reps.names else []),
         _section("timeline", [engine], rs.timeline, missing=missing["timeline"], **common),
         _section("speculative", [engine], rs.speculative, missing=missing["speculative"], **common),
         _section("acceptance", [accept], rs.acceptance, missing=missing["acceptance"], **common),
@@ -462,7 +541,7 @@ def collect(
                 by_id["engine"]["warnings"].append(
                     f"{s['sources'][0]} is newer than this engine record: the engine was not started after it"
                 )
-    records = [r for r in (fleet, pre, topo, stage, nccl, endpoint, engine, accept, bench) if r is not None]
+    records = [r for r in (fleet, pre, topo, stage, nccl, endpoint, engine, accept, bench, reps.rollout) if r]
     model: dict[str, Any] = {
         "schema": SCHEMA,
         "deployment": deployment,
@@ -470,7 +549,7 @@ def collect(
         "report_dir": str(d.resolve()),
         "problems": [{"file": r.name, "error": r.error} for r in records if r.error],
         "sections": sections,
-        "steps": [_step(by_id, sid, name) for sid, name in STEPS],
+        "steps": [_step(by_id, sid, name) for sid, name in STEPS if sid in by_id],
         "other_deployments": [n for n in _deployments(d) if n != deployment],
         "has_own_records": has_own_records,
         "run": run.model() if run else None,
@@ -505,6 +584,13 @@ def _failure_box(sec: dict[str, Any]) -> dict[str, Any]:
         failed = [n for n in sec.get("nodes", []) if n["failed"]]
         box["node"] = ", ".join(n["node"] for n in failed) or None
         box["first_error"] = failed[0]["message"] if failed else None
+    elif sid == "replicas" and sec.get("failed_step"):
+        st = sec["failed_step"]
+        box["verdict"] = sec["summary"].removeprefix("FAIL: ")
+        box["node"] = ", ".join(st["nodes"]) or None
+        box["first_error"] = st["error"] or None
+        box["details"] = [f"rollout step {x['replica']}: {x['outcome']}" + (f": {x['error']}" if x["error"] else "")
+                          for x in sec["rollout"]["steps"]]  # fmt: skip
     elif sid == "acceptance":
         box["details"] = [f"{c['name']}: {c['verdict']}: {c['why']}" + (f" (fix: {c['fix']})" if c["fix"] else "")
                           for c in sec.get("checks", []) if c["verdict"] == "fail" and c["kind"] == "gate"]  # fmt: skip
@@ -531,12 +617,12 @@ def _verdict(by_id: dict[str, dict[str, Any]], run: Run | None = None) -> dict[s
     """pass: no step failed and the engine answered correctly and acceptance passed; fail: a step failed (or the
     run stopped at a failed task); incomplete: nothing failed but the engine or acceptance did not run here, or a
     record is unreadable."""
-    order = ["preflight", "topology", "staging", "nccl", "engine", "acceptance", "bench"]
-    failed = [by_id[s] for s in order if by_id[s]["status"] == "fail"]
+    order = ["preflight", "topology", "staging", "nccl", "engine", "replicas", "acceptance", "bench"]
+    failed = [by_id[s] for s in order if s in by_id and by_id[s]["status"] == "fail"]
     stop = _stop_box(run) if run else None
     if failed or stop:
         boxes = [_failure_box(s) for s in failed]
-        if stop and not any(b["step"] == stop["step"] or (stop["step"] == "engine" and b["step"] == "timeline")
+        if stop and not any(b["step"] == stop["step"] or (stop["step"] == "engine" and b["step"] in ENGINE_SECTIONS)
                             for b in boxes):  # fmt: skip
             boxes.insert(0, stop)  # the run stopped before any failed record: the stop comes first
         first = boxes[0]

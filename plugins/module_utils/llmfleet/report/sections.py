@@ -407,7 +407,69 @@ def nccl(data: dict) -> dict[str, Any]:
 def _gate_label(g: dict) -> str:
     items = [x.get("name") for x in map(_dict, _list(g.get("item"))) if x.get("name")]
     names = items or list(_dict(_dict(g.get("timeline")).get("nodes")))
-    return ",".join(str(n) for n in names) or "deployment"
+    label = ",".join(str(n) for n in names) or "deployment"
+    return f"{g['replica']}: {label}" if g.get("replica") else label
+
+
+def replica_engines(records: list[dict]) -> dict:
+    """One engine record for a deployment of replicas, from its replicas' (engine-<deployment>-<replica>.json): every
+    replica's gates (each labelled with its replica), ok when every replica's gate passed, the first failed
+    replica's failure."""
+    first = records[0]
+    gates = [{**_dict(g), "replica": str(r.get("deployment") or "?")} for r in records for g in _list(r.get("gates"))]
+    failed = [r for r in records if not r.get("ok")]
+    revisions = sorted({str(r["revision"]) for r in records if r.get("revision")})
+    return {**{k: first.get(k) for k in ("engine", "engine_version", "profile", "model", "speculative")},
+            "revision": revisions[0] if len(revisions) == 1 else ", ".join(revisions) or None,
+            "model_path": first.get("model_path") if len(revisions) <= 1 else None,
+            "ok": not failed, "gates": gates, "failure": _dict(failed[0].get("failure")) if failed else None,
+            "warmup": first.get("warmup")}  # fmt: skip
+
+
+def replicas(endpoint: dict, rollout: dict | None, *engines: dict | None) -> dict[str, Any]:
+    """The router (kind, node, URL), each replica behind it (its nodes, revision, gate, URL) and the rolling change
+    of this run (rollout-<deployment>.json: each replica's step, from and to which revision, how it ended)."""
+    by_name = {str(e.get("deployment")): e for e in engines if e}
+    rows = []
+    for name in map(str, _list(endpoint.get("replicas"))):
+        e = by_name.get(name) or {}
+        rows.append({"deployment": name, "nodes": [str(n) for n in _list(e.get("nodes"))],
+                     "revision": e.get("revision"), "ready": bool(e.get("ok")) if e else None,
+                     "in_this_run": bool(e)})  # fmt: skip
+    router = {"kind": endpoint.get("router"), "node": endpoint.get("head"), "url": endpoint.get("url")}
+    steps, roll = [], _dict(rollout)
+    for st in map(_dict, _list(roll.get("steps"))):
+        steps.append({"replica": str(st.get("replica") or "?"), "deployment": st.get("deployment"),
+                      "nodes": [str(n) for n in _list(st.get("nodes"))], "from": st.get("from"), "to": st.get("to"),
+                      "outcome": str(st.get("outcome") or "?"), "seconds": _num(st.get("seconds")),
+                      "error": str(st.get("error") or "")})  # fmt: skip
+    back = [st for st in steps if st["outcome"] == "rolled back"]
+    not_reached = [str(n) for n in _list(roll.get("not_reached"))]
+    problems = [f"{r['deployment']} failed its gate" for r in rows if r["ready"] is False]
+    text = f"{len(rows)} replica(s) behind {router['kind'] or '?'} on {router['node'] or '?'}"
+    if rollout:
+        to = str(roll.get("revision") or "?")[:12]
+        if back:
+            b = back[0]
+            problems.append(f"the rollout to {to} stopped at replica {b['replica']} ({', '.join(b['nodes'])}), back on "
+                            f"{str(b['from'])[:12]}: {b['error'] or 'no error recorded'}")  # fmt: skip
+            if not_reached:
+                problems[-1] += f"; not reached: {', '.join(not_reached)}"
+        else:
+            rolled = sum(st["outcome"] == "rolled" for st in steps)
+            text += f"; rollout to {to}: {rolled} rolled, {len(steps) - rolled} already there"
+    runs = sorted({str(r["revision"])[:12] for r in rows if r["revision"]})
+    if runs:
+        text += f"; revision {', '.join(runs)}"
+    return {
+        "status": "fail" if problems else "pass",
+        "summary": "FAIL: " + "; ".join(problems) if problems else text,
+        "router": router,
+        "replicas": rows,
+        "rollout": {"revision": roll.get("revision"), "generated_at": roll.get("generated_at"), "steps": steps,
+                    "not_reached": not_reached, "complete": roll.get("complete")} if rollout else None,
+        "failed_step": back[0] if back else None,
+    }  # fmt: skip
 
 
 def _first_failed(g: dict) -> dict[str, Any] | None:
