@@ -161,16 +161,34 @@ def test_router_argv_lists_every_replica_and_checks_them_often():
         "http://10.0.0.1:8000",
     ]
     assert argv[7] == "http://10.0.0.3:8000"
-    assert argv[argv.index("--health-check-interval-secs") + 1] == "2"
+    assert argv[argv.index("--health-check-interval-secs") + 1] == "1"
+    assert argv[argv.index("--health-check-timeout-secs") + 1] == "1"
+    assert argv[argv.index("--health-failure-threshold") + 1] == "2"
     assert argv[argv.index("--prometheus-host") + 1] == "10.0.0.9"
     assert argv[argv.index("--worker-startup-timeout-secs") + 1] == "300"
     s = router_argv({"kind": "sglang-router", "port": 30000, "urls": ["http://a:1"]})
     assert s[:6] == ["sglang-router", "launch", "--host", "127.0.0.1", "--port", "30000"]
 
 
+def test_router_health_settings_from_the_inventory():
+    argv = router_argv({"kind": "sglang-router", "port": 30000, "urls": ["http://a:1"],
+                        "health": {"timeout": 3, "failures": "4"}})  # fmt: skip
+    assert argv[argv.index("--health-check-interval-secs") + 1] == "1"
+    assert argv[argv.index("--health-check-timeout-secs") + 1] == "3"
+    assert argv[argv.index("--health-failure-threshold") + 1] == "4"
+
+
 @pytest.mark.parametrize(
     ("spec", "says"),
     [
+        (
+            {"kind": "vllm-router", "port": 30000, "urls": ["http://a:1"], "health": {"every": 1}},
+            "engine_replica_router_health.every: not a setting",
+        ),
+        (
+            {"kind": "vllm-router", "port": 30000, "urls": ["http://a:1"], "health": {"timeout": 0}},
+            "engine_replica_router_health.timeout=0: a whole number of at least 1",
+        ),
         ({"kind": "vllm-router", "port": 30000, "urls": []}, "has no worker"),
         ({"kind": "vllm-router", "port": 0, "urls": ["http://a:1"]}, "engine_replica_router_port=0 is not a TCP port"),
         ({"kind": "haproxy", "port": 1, "urls": ["http://a:1"]}, "engine_replica_router='haproxy'"),

@@ -198,13 +198,35 @@ def router_kind(router: Any, engine: Any) -> str:
 # after failure_threshold x interval seconds, and a request that met it meanwhile is retried on another.
 # sglang-router 0.3.2's console scripts (one CLI): each needs its `launch` subcommand to start the router alone.
 SGLANG_ROUTER_CLIS = ("sglang-router", "smg", "amg")
-HEALTH = {"interval": 2, "timeout": 2, "failures": 2, "successes": 2}
+# The router's health check of each replica (engine_replica_router_health): a replica that fails `failures` checks in
+# a row leaves the rotation until it passes `successes`. Every 1 s with a 1 s timeout, a hung replica was out 4.7 s
+# after the fault behind vllm-router 0.1.17 (3.6 s for a killed rank; every 2 s with 2 s: 6.4 s), measured in the lab
+# (docs/measurements/bench-rollout.md).
+HEALTH = {"interval": 1, "timeout": 1, "failures": 2, "successes": 2}
+
+
+def _health(given: Any) -> dict[str, int]:
+    """HEALTH with the inventory's engine_replica_router_health over it (every value a whole number >= 1)."""
+    if given in (None, ""):
+        given = {}
+    if not isinstance(given, Mapping):
+        raise ReplicaError(f"engine_replica_router_health={given!r}: a mapping of {', '.join(HEALTH)}")
+    out = dict(HEALTH)
+    for key, value in given.items():
+        if key not in HEALTH:
+            raise ReplicaError(f"engine_replica_router_health.{key}: not a setting of the router's health check "
+                               f"(use {', '.join(HEALTH)})")  # fmt: skip
+        n = _int(value)
+        if n < 1:
+            raise ReplicaError(f"engine_replica_router_health.{key}={value!r}: a whole number of at least 1")
+        out[key] = n
+    return out
 
 
 def router_argv(spec: Mapping) -> list[str]:
     """The replicas' router argv. spec: kind (vllm-router | sglang-router), command (its executable; [] = the
-    kind's name), host, port, urls (each replica's head API, as the router reaches it), startup_timeout,
-    extra_args."""
+    kind's name), host, port, urls (each replica's head API, as the router reaches it), startup_timeout, health
+    (over HEALTH), extra_args."""
     kind = str(spec.get("kind") or "vllm-router")
     if kind not in ROUTERS:
         raise ReplicaError(f"engine_replica_router={kind!r}: use one of {', '.join(ROUTERS)}")
@@ -220,9 +242,10 @@ def router_argv(spec: Mapping) -> list[str]:
     argv = [*command, *(["launch"] if launch else [])]
     argv += ["--host", str(spec.get("host") or "127.0.0.1"), "--port", str(port), "--worker-urls", *urls]
     argv += ["--policy", "round_robin"]
-    argv += ["--health-check-interval-secs", str(HEALTH["interval"]), "--health-check-timeout-secs",
-             str(HEALTH["timeout"]), "--health-failure-threshold", str(HEALTH["failures"]),
-             "--health-success-threshold", str(HEALTH["successes"])]  # fmt: skip
+    health = _health(spec.get("health"))
+    argv += ["--health-check-interval-secs", str(health["interval"]), "--health-check-timeout-secs",
+             str(health["timeout"]), "--health-failure-threshold", str(health["failures"]),
+             "--health-success-threshold", str(health["successes"])]  # fmt: skip
     # The metrics listener: on the router's own address (both routers default to a port of their own).
     argv += ["--prometheus-host", str(spec.get("host") or "127.0.0.1")]
     timeout = _int(spec.get("startup_timeout"))
