@@ -346,8 +346,10 @@ def test_preflight_refuses_the_serving_fleet_and_site_stops_it_in_order_when_ask
     assert f"demo is serving on {', '.join(NODES)} (llmfleet-demo.service is running)" in out, cp.stdout[-3000:]
     assert "llmfleet_stop_before_checks=true" in out
     (reports / "preflight.json").unlink(missing_ok=True)
+    # An inventory or command line that says engine_state=started (the default, spelled out) does not turn the stop
+    # into a start: extra vars beat every include var, so the stop is asked for by an internal name.
     cp = playbook(work, env, "llmfleet.fleet.site", "--tags", "preflight", "-e", "llmfleet_stop_before_checks=true",
-                  "-e", f"llmfleet_report_dir={reports}")  # fmt: skip
+                  "-e", "engine_state=started", "-e", f"llmfleet_report_dir={reports}")  # fmt: skip
     assert "Ordered stop, head first" in cp.stdout
     assert ssh(lab, "node1", "systemctl is-active llmfleet-demo.service", check=False).stdout.strip() == "inactive"
     assert json.loads((reports / "preflight.json").read_text())["status"] != "fail"

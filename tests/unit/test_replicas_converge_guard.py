@@ -37,7 +37,7 @@ def guard(tmp_path, active, revision, rollout=False):
     unit = base64.b64encode(f"ExecStart=/x /mnt/nvme/llmfleet/models/demo-model/{REV_A}/ --y\n".encode()).decode()
     play = [{"name": "The guard", "hosts": "localhost", "gather_facts": False, "tasks": [task, say, show], "vars": {
         "llmfleet_deployment": "demo", "llmfleet_model": "demo-model", "llmfleet_model_revision": revision,
-        "engine_state": "started", "engine_rollout": rollout,
+        "_engine_state": "started", "engine_rollout": rollout,
         "_engine_replicas": [{"name": "r0", "deployment": "demo-r0", "nodes": ["node1", "node2"]},
                              {"name": "r1", "deployment": "demo-r1", "nodes": ["node3", "node4"]}],
         "_engine_replica_active": {"results": [{"stdout": a} for a in active]},
