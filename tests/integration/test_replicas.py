@@ -291,6 +291,10 @@ def test_day_2_on_serving_replicas_a_rerun_a_setting_a_scale_in_and_out_and_a_re
     assert model["status"] == "pass" and reps["status"] == "pass", (model["verdict"], reps["summary"])
     assert [(r["deployment"], r["revision"]) for r in reps["replicas"]] == [("demo-r0", REV_B), ("demo-r1", REV_B)]
     assert [(st["replica"], st["outcome"]) for st in reps["rollout"]["steps"]] == [("r0", "rolled")], reps["rollout"]
+    # Prometheus scrapes each replica's own API (the router's port serves no /metrics).
+    sd = json.loads((tmp_path / "file_sd" / "demo-engine.json").read_text())
+    assert [(g["targets"], g["labels"]["replica"]) for g in sd] == [
+        (["10.77.0.11:8000"], "demo-r0"), (["10.77.0.13:8000"], "demo-r1")], sd  # fmt: skip
     assert client.sent > 0 and client.failed == 0, (client.sent, client.failed, client.errors[:5])
 
     # A rollout (playbooks/rollout.yml) whose step fails: --check prints the plan and restarts nothing; then the change

@@ -674,3 +674,18 @@ def test_a_complete_rollout_passes_with_every_replicas_gate(tmp_path):
 def test_a_deployment_of_one_instance_has_no_replicas_section(tmp_path):
     m = report.collect(records(tmp_path, "lab-vllm"), "demo", now=NOW)
     assert "replicas" not in by_id(m) and "replicas" not in [st["id"] for st in m["steps"]]
+
+
+def test_prometheus_scrapes_each_replica_not_the_routers_port(tmp_path):
+    """The router's port serves no /metrics (its listener is on its node's loopback): the scrape targets of a
+    deployment of replicas are the replicas' own APIs, from the router's endpoint record."""
+    d = records(tmp_path, "lab-replicas-rollback")
+    s = by_id(report.collect(d, "demo", now=NOW))
+    assert s["metrics"]["status"] == "warn" and "written by an older llmfleet" in s["metrics"]["targets"][0]["what"]
+    heads = [{"deployment": "demo-r0", "url": "http://10.77.0.11:8000", "head": "node1"},
+             {"deployment": "demo-r1", "url": "http://10.77.0.13:8000", "head": "node3"}]  # fmt: skip
+    edit(d / "endpoint-demo.json", lambda e: e.update(replica_endpoints=heads))
+    s = by_id(report.collect(d, "demo", now=NOW))
+    assert s["metrics"]["status"] == "pass"
+    assert s["metrics"]["summary"] == "http://10.77.0.11:8000/metrics, http://10.77.0.13:8000/metrics"
+    assert "loopback" in s["metrics"]["targets"][2]["what"]

@@ -106,6 +106,22 @@ def test_this_runs_endpoint_wins_no_endpoint_no_engine_target_and_an_empty_dir_w
     assert rc == 0 and not (off / "reports").exists(), out[-2000:]
 
 
+def test_a_deployment_of_replicas_is_scraped_at_each_replica(tmp_path):
+    """The router's port serves no /metrics: each replica's own API is a target, labelled with the replica."""
+    (tmp_path / "reports").mkdir()
+    router = {**ENDPOINT, "url": "http://10.77.0.11:30000", "router": "vllm-router", "replicas": ["demo-r0", "demo-r1"],
+              "replica_endpoints": [{"deployment": "demo-r0", "url": "http://10.77.0.11:8000", "head": "node1"},
+                                    {"deployment": "demo-r1", "url": "http://10.77.0.13:8000", "head": "node3"}]}  # fmt: skip
+    (tmp_path / "reports" / "endpoint-demo.json").write_text(json.dumps(router))
+    rc, out = play(tmp_path, llmfleet_replicas=[{"name": "r0"}, {"name": "r1"}], engine_endpoint={"url": "http://x:1"},
+                   report_file_sd_exporters={})  # fmt: skip
+    assert rc == 0, out[-3000:]
+    groups = json.loads((tmp_path / "reports" / "file_sd" / "demo-engine.json").read_text())
+    assert [(g["targets"], g["labels"]["replica"], g["labels"]["node"]) for g in groups] == [
+        (["10.77.0.11:8000"], "demo-r0", "node1"), (["10.77.0.13:8000"], "demo-r1", "node3")]  # fmt: skip
+    assert groups[0]["labels"]["deployment"] == "demo" and groups[0]["labels"]["profile"] == "vllm"
+
+
 @pytest.mark.parametrize("exporters", [{"node": "http"}, {"node": 0}, {"node": 70000}, {"bad/name": 9100}], ids=str)
 def test_a_bad_exporter_entry_fails_naming_the_variable_and_writes_nothing(tmp_path, exporters):
     rc, out = play(tmp_path, report_file_sd_exporters=exporters)

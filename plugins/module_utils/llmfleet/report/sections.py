@@ -711,7 +711,22 @@ def scrape_targets(endpoint: dict | None, engine: dict | None) -> dict[str, Any]
     # What the engine's own /metrics is: the profile's words (P/D: the router's address), else its engine's.
     own = engines.PROFILES.get(str(kind)) if kind in engines.engines() else None
     prof = engines.PROFILES.get(str(profile))
-    if url and own is not None and own.metrics:
+    replicas = [_dict(r) for r in _list(endpoint.get("replica_endpoints")) if _dict(r).get("url")]
+    if replicas and own is not None and own.metrics:
+        # Each replica's own API; the router's port serves no /metrics (its listener is on its node's loopback).
+        for r in replicas:
+            what = f"replica {r.get('deployment')} (head {r.get('head')}): {own.metrics}"
+            targets.append({"url": f"{str(r['url']).rstrip('/')}/metrics", "engine": kind, "what": what})
+        targets.append({"url": None, "engine": endpoint.get("router"),
+                        "what": f"the router's own metrics: {endpoint.get('router')} on {endpoint.get('head')}, its "
+                                "Prometheus listener on that node's loopback (port 29000 unless engine_replica_router"
+                                "_extra_args say --prometheus-port): scrape it from the node"})  # fmt: skip
+    elif url and endpoint.get("router") and endpoint.get("replicas"):
+        targets.append({"url": None, "engine": kind,
+                        "what": f"the router ({endpoint.get('router')}) serves no /metrics on {url}, and this "
+                                "endpoint record names no replica's own address (written by an older llmfleet): "
+                                "run the engine role again"})  # fmt: skip
+    elif url and own is not None and own.metrics:
         what = prof.metrics if prof is not None and prof.engine == kind and prof.metrics else own.metrics
         targets.append({"url": f"{url}/metrics", "engine": kind, "what": what})
     elif url:
@@ -725,4 +740,4 @@ def scrape_targets(endpoint: dict | None, engine: dict | None) -> dict[str, Any]
                     "what": "llmfleet's own metrics of each node: node_exporter's textfile collector there "
                             "(llmfleet_metrics_dir, docs/metrics.md)"})  # fmt: skip
     summary = ", ".join(t["url"] for t in targets if t["url"]) or "none known"
-    return {"status": "pass" if url else "warn", "summary": summary, "targets": targets}
+    return {"status": "pass" if url and summary != "none known" else "warn", "summary": summary, "targets": targets}
