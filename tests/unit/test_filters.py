@@ -49,6 +49,7 @@ def test_every_filter_name_is_registered():
         "llmfleet_engine_plan",
         "llmfleet_engine_profile",
         "llmfleet_engine_record",
+        "llmfleet_failed_msg",
         "llmfleet_gate_groups",
         "llmfleet_gpu_claim",
         "llmfleet_gpu_claim_conflicts",
