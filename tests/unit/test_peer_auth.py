@@ -3,6 +3,8 @@
 
 import http.client
 import json
+import socket
+import threading
 import time
 
 import pytest
@@ -139,3 +141,42 @@ def test_the_replay_cache_holds_only_the_freshness_window():
         now = t0 + i * 0.5  # a request every half second for 25 min
         guard.check(fabric_key.sign_request(KEY, "n2", "GET", "/status", now=now), "GET", "/status", now=now)
     assert len(guard._seen) <= 2 * fabric_key.FRESH_S / 0.5 + 1
+
+
+def test_silent_connections_are_bounded_per_address_and_closed_after_the_request_timeout(tmp_path, monkeypatch):
+    """A connection that sent nothing held a server thread until the staging run ended. Now it must send its request
+    within REQUEST_TIMEOUT_S, and an address may hold MAX_UNVERIFIED_PER_ADDR connections whose proof is not checked
+    yet: past that a new one is closed at once and counted as refused; a node from another address is served."""
+    monkeypatch.setattr(peer, "REQUEST_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(peer, "MAX_UNVERIFIED_PER_ADDR", 3)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "weights.bin").write_bytes(b"W" * 4096)
+    manifest = build_manifest(str(src), revision=REV)
+    state = peer.PeerState(str(tmp_path / "m"), REV, manifest, "n1", key=KEY)
+    srv = peer.make_server(state, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    port = srv.server_address[1]
+    try:
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+        time.sleep(0.3)
+        extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+        t0 = time.monotonic()
+        assert extra.recv(1) == b"" and time.monotonic() - t0 < 0.9  # closed at once
+        assert state.refused == 1 and "have not sent their request yet" in state.refused_from[0]
+        # a node on another address is served meanwhile
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=("127.0.0.2", 0))
+        c.request(
+            "GET", "/status", headers={fabric_key.PEER_HEADER: fabric_key.sign_request(KEY, "n2", "GET", "/status")}
+        )
+        assert c.getresponse().status == 200
+        c.close()
+        # the silent ones are closed by the server once their request timeout passes
+        t0 = time.monotonic()
+        for s in silent:
+            assert s.recv(1) == b""
+        assert time.monotonic() - t0 < 3
+        assert get(port, "/status", fabric_key.sign_request(KEY, "n2", "GET", "/status"))[0] == 200  # room again
+    finally:
+        srv.shutdown()
+        srv.server_close()

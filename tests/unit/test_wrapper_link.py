@@ -678,3 +678,40 @@ def test_the_wait_at_the_barrier_is_no_failed_start_for_systemd(tmp_path):
             assert head.p.poll() is None and not _started(head)
         finally:
             head.kill()
+
+
+def test_a_flood_of_silent_connections_costs_a_bounded_number_of_threads_and_a_node_still_joins():
+    """Every connection got a thread until its handshake timed out: a stranger's flood of silent connections could
+    hold any number. Now an address may hold MAX_PENDING_PER_ADDR connections in their handshake; past that a new
+    one is closed at once, counted and said (once per FLOOD_LOG_S); a node from another address joins meanwhile."""
+    from llmfleet import fabric_key as fk
+    from llmfleet.wrapper import link as lk
+
+    logs = []
+    port = free_port()
+    head = lk.DeploymentLink("head", listen=("127.0.0.1", port), key=b"k" * 32, on_stop=lambda *_: None,
+                             log=logs.append, timeout=5.0)  # fmt: skip
+    head.start(time.monotonic() + 5)
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(lk.MAX_PENDING_PER_ADDR)]
+    try:
+        _until("the silent connections are pending", lambda: head.pending.get("127.0.0.1") == lk.MAX_PENDING_PER_ADDR)
+        extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+        t0 = time.monotonic()
+        assert extra.recv(1) == b"" and time.monotonic() - t0 < 2  # closed at once, not after the handshake timeout
+        extra.close()
+        assert head.refused == 1
+        _until("the refusal is said", lambda: any("refused connections from 127.0.0.1: 4 of its" in x for x in logs))
+        # a node on another address (127.0.0.2 is loopback too) proves the key and is welcomed
+        s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.2", 0))
+        f = s.makefile("rb")
+        mine = fk.nonce()
+        s.sendall(f"HELLO w1 {mine}\n".encode())
+        _, theirs, _ = f.readline().decode().split()
+        s.sendall(f"AUTH {fk.worker_proof(b'k' * 32, 'w1', mine, theirs)}\n".encode())
+        assert f.readline().decode().startswith("WELCOME")
+        s.close()
+    finally:
+        for c in silent:
+            c.close()
+        head.close()
+    _until("the pending count drains", lambda: not head.pending)

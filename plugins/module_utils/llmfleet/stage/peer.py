@@ -42,6 +42,11 @@ STATUS_WAIT_MAX_S = 10.0
 _TICK_S = 0.02
 _STATUS_TICK_S = 0.1
 REFUSED_KEEP = 10
+# A connection must send its request (and its proof) within this many seconds; until its proof is checked it counts
+# against its address, which may hold at most MAX_UNVERIFIED_PER_ADDR such connections (a node's own long polls and
+# copies send their proof at once): a stranger's silent or slow connections cost a bounded number of threads.
+REQUEST_TIMEOUT_S = 10.0
+MAX_UNVERIFIED_PER_ADDR = 16
 
 
 def _journal(message: str) -> None:
@@ -144,15 +149,30 @@ class PeerState:
 
 def make_server(state: PeerState, bind: str, port: int) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_S  # for the request and its headers; lifted once the proof is checked
+
         def log_message(self, *args: Any) -> None:  # keep module output clean
             pass
 
-        def do_GET(self) -> None:
+        def finish(self) -> None:
+            server.verified(self)
+            super().finish()
+
+        def _asker(self) -> str | None:
+            """The node the request's proof names (None: refused with 403)."""
+            server.verified(self)
             try:
                 asker = state.guard.check(self.headers.get(PEER_HEADER), "GET", self.path)
             except Refused as e:
                 state.refuse(f"{self.client_address[0]}:{self.client_address[1]}", str(e))
                 self.send_error(403, "not a node of this deployment")
+                return None
+            self.connection.settimeout(None)  # a node's copy: STALL_S and the client's own deadlines bound it
+            return asker
+
+        def do_GET(self) -> None:
+            asker = self._asker()
+            if asker is None:
                 return
             url = urllib.parse.urlsplit(self.path)
             path = urllib.parse.unquote(url.path)
@@ -203,6 +223,7 @@ def make_server(state: PeerState, bind: str, port: int) -> ThreadingHTTPServer:
 
     server = _Server((bind, port), Handler)
     server.daemon_threads = True
+    server.state = state
     return server
 
 
@@ -210,6 +231,39 @@ class _Server(ThreadingHTTPServer):
     # socketserver listens with a backlog of 5. Every peer's status long poll and copy threads connect at once:
     # past 5 the kernel dropped the SYN and the client's retransmit came 1 s later (then 3 s, 7 s).
     request_queue_size = 1024
+    state: PeerState | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._unverified: dict[str, int] = {}
+        self._unverified_lock = threading.Lock()
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Whether to serve a new connection: not when its address holds MAX_UNVERIFIED_PER_ADDR connections whose
+        proof is not checked yet (closed at once, counted as refused)."""
+        ip = str(client_address[0])
+        with self._unverified_lock:
+            n = self._unverified.get(ip, 0)
+            if n < MAX_UNVERIFIED_PER_ADDR:
+                self._unverified[ip] = n + 1
+                return True
+        if self.state is not None:
+            self.state.refuse(ip, f"{n} of its connections have not sent their request yet (at most "
+                                  f"{MAX_UNVERIFIED_PER_ADDR} per address)")  # fmt: skip
+        return False
+
+    def verified(self, handler: Any) -> None:
+        """The handler's connection no longer counts against its address (its proof was checked, or it ended)."""
+        if getattr(handler, "_llmfleet_verified", False):
+            return
+        handler._llmfleet_verified = True
+        ip = str(handler.client_address[0])
+        with self._unverified_lock:
+            left = self._unverified.get(ip, 1) - 1
+            if left > 0:
+                self._unverified[ip] = left
+            else:
+                self._unverified.pop(ip, None)
 
 
 def _follow(f: Any, sock: Any, size: int) -> int:

@@ -52,6 +52,11 @@ HEARTBEAT_S = 1.0
 MAX_LINE = 4096
 BARRIER_LOG_S = 30.0  # a barrier still waiting says so in the journal this often (and at every change)
 REPORT_S = 5.0  # ...and to the wrapper (status file, metrics, systemd's start timeout) this often
+# Connections still in their handshake, from one address and in all: past these a new one is closed at once (a
+# stranger's flood costs a bounded number of threads, and a node's address is not the stranger's).
+MAX_PENDING_PER_ADDR = 4
+MAX_PENDING = 64
+FLOOD_LOG_S = 10.0  # a refused flood is said in the journal at most this often per address
 _ANSWERS = {  # the head's refusals, as a worker says them
     "BUSY": "the head's wrapper is stopping",
     "UNKNOWN": "the head's wrapper does not expect {node} (not among its peers): rerun the play on every node",
@@ -159,6 +164,8 @@ class DeploymentLink:
             raise ValueError(f"link node name {node!r}: letters, digits and _.@:- only")
         self.key = key
         self.refused = 0  # connections that failed the handshake (strangers, another deployment's key)
+        self.pending: dict[str, int] = {}  # address -> its connections still in their handshake
+        self._flood_said: dict[str, float] = {}
         self.node = node
         self.listen_addr, self.head_addr = listen, head
         self.timeout = timeout
@@ -349,7 +356,26 @@ class DeploymentLink:
                 continue
             except OSError:
                 return
-            self._thread(self._head_reader, _Conn(sock, self.timeout), f"{addr[0]}:{addr[1]}")
+            ip = str(addr[0])
+            with self.lock:
+                waiting = self.pending.get(ip, 0)
+                over = waiting >= MAX_PENDING_PER_ADDR or sum(self.pending.values()) >= MAX_PENDING
+                if over:
+                    self.refused += 1
+                else:
+                    self.pending[ip] = waiting + 1
+            if over:
+                sock.close()
+                self._say_flood(ip, waiting)
+                continue
+            self._thread(self._head_reader, _Conn(sock, self.timeout), f"{ip}:{addr[1]}", ip)
+
+    def _say_flood(self, ip: str, waiting: int) -> None:
+        now = time.monotonic()
+        if now - self._flood_said.get(ip, -1e9) >= FLOOD_LOG_S:
+            self._flood_said[ip] = now
+            self.log(f"link: refused connections from {ip}: {waiting} of its connections are still in their "
+                     f"handshake (at most {MAX_PENDING_PER_ADDR} per address, {MAX_PENDING} in all)")  # fmt: skip
 
     def _head_handshake(self, conn: _Conn) -> tuple[str | None, str]:
         """(the node that proved the key, "") or (None, why it was refused)."""
@@ -410,8 +436,16 @@ class DeploymentLink:
         self.changed.set()
         return missing if conns else []
 
-    def _head_reader(self, conn: _Conn, peer: str) -> None:
-        name, why = self._head_handshake(conn)
+    def _head_reader(self, conn: _Conn, peer: str, ip: str = "") -> None:
+        try:
+            name, why = self._head_handshake(conn)
+        finally:
+            with self.lock:
+                left = self.pending.get(ip, 1) - 1
+                if left > 0:
+                    self.pending[ip] = left
+                else:
+                    self.pending.pop(ip, None)
         if name is None:  # never acted on: not a peer, so its connection is nobody's loss either
             with self.lock:
                 self.refused += 1
