@@ -46,7 +46,7 @@ REFUSED_KEEP = 10
 # against its address, which may hold at most MAX_UNVERIFIED_PER_ADDR such connections (a node's own long polls and
 # copies send their proof at once): a stranger's silent or slow connections cost a bounded number of threads.
 REQUEST_TIMEOUT_S = 10.0
-MAX_UNVERIFIED_PER_ADDR = 16
+MAX_UNVERIFIED_PER_ADDR = 64
 
 
 def _journal(message: str) -> None:
