@@ -694,7 +694,10 @@ def test_a_flood_of_silent_connections_costs_a_bounded_number_of_threads_and_a_n
     head.start(time.monotonic() + 5)
     silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(lk.MAX_PENDING_PER_ADDR)]
     try:
-        _until("the silent connections are pending", lambda: head.pending.get("127.0.0.1") == lk.MAX_PENDING_PER_ADDR)
+        _until(
+            "the silent connections are pending",
+            lambda: head.pending.counts.get("127.0.0.1") == lk.MAX_PENDING_PER_ADDR,
+        )
         extra = socket.create_connection(("127.0.0.1", port), timeout=5)
         t0 = time.monotonic()
         assert extra.recv(1) == b"" and time.monotonic() - t0 < 2  # closed at once, not after the handshake timeout
@@ -714,4 +717,4 @@ def test_a_flood_of_silent_connections_costs_a_bounded_number_of_threads_and_a_n
         for c in silent:
             c.close()
         head.close()
-    _until("the pending count drains", lambda: not head.pending)
+    _until("the pending count drains", lambda: not head.pending.counts)

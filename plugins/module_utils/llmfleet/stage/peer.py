@@ -26,6 +26,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from ..admission import Unproven
 from ..fabric_key import PEER_HEADER, Refused, RequestGuard
 from .store import JOURNAL, read_journal, read_record
 
@@ -235,35 +236,22 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._unverified: dict[str, int] = {}
-        self._unverified_lock = threading.Lock()
+        self._unverified = Unproven(MAX_UNVERIFIED_PER_ADDR)
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
         """Whether to serve a new connection: not when its address holds MAX_UNVERIFIED_PER_ADDR connections whose
         proof is not checked yet (closed at once, counted as refused)."""
-        ip = str(client_address[0])
-        with self._unverified_lock:
-            n = self._unverified.get(ip, 0)
-            if n < MAX_UNVERIFIED_PER_ADDR:
-                self._unverified[ip] = n + 1
-                return True
-        if self.state is not None:
-            self.state.refuse(ip, f"{n} of its connections have not sent their request yet (at most "
-                                  f"{MAX_UNVERIFIED_PER_ADDR} per address)")  # fmt: skip
-        return False
+        held = self._unverified.admit(str(client_address[0]))
+        if held is not None and self.state is not None:
+            self.state.refuse(str(client_address[0]), f"{held} of its connections have not sent their request yet "
+                              f"(at most {MAX_UNVERIFIED_PER_ADDR} per address)")  # fmt: skip
+        return held is None
 
     def verified(self, handler: Any) -> None:
         """The handler's connection no longer counts against its address (its proof was checked, or it ended)."""
-        if getattr(handler, "_llmfleet_verified", False):
-            return
-        handler._llmfleet_verified = True
-        ip = str(handler.client_address[0])
-        with self._unverified_lock:
-            left = self._unverified.get(ip, 1) - 1
-            if left > 0:
-                self._unverified[ip] = left
-            else:
-                self._unverified.pop(ip, None)
+        if not getattr(handler, "_llmfleet_verified", False):
+            handler._llmfleet_verified = True
+            self._unverified.release(str(handler.client_address[0]))
 
 
 def _follow(f: Any, sock: Any, size: int) -> int:

@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..admission import Unproven
 from ..fabric_key import head_proof, is_nonce, is_token, line_tag, nonce, same, session_key, worker_proof
 
 # EX_TEMPFAIL: stopped because a peer failed; Restart=on-failure restarts the node with the others.
@@ -164,7 +165,7 @@ class DeploymentLink:
             raise ValueError(f"link node name {node!r}: letters, digits and _.@:- only")
         self.key = key
         self.refused = 0  # connections that failed the handshake (strangers, another deployment's key)
-        self.pending: dict[str, int] = {}  # address -> its connections still in their handshake
+        self.pending = Unproven(MAX_PENDING_PER_ADDR, MAX_PENDING)  # connections still in their handshake
         self._flood_said: dict[str, float] = {}
         self.node = node
         self.listen_addr, self.head_addr = listen, head
@@ -357,14 +358,10 @@ class DeploymentLink:
             except OSError:
                 return
             ip = str(addr[0])
-            with self.lock:
-                waiting = self.pending.get(ip, 0)
-                over = waiting >= MAX_PENDING_PER_ADDR or sum(self.pending.values()) >= MAX_PENDING
-                if over:
+            waiting = self.pending.admit(ip)
+            if waiting is not None:
+                with self.lock:
                     self.refused += 1
-                else:
-                    self.pending[ip] = waiting + 1
-            if over:
                 sock.close()
                 self._say_flood(ip, waiting)
                 continue
@@ -440,12 +437,7 @@ class DeploymentLink:
         try:
             name, why = self._head_handshake(conn)
         finally:
-            with self.lock:
-                left = self.pending.get(ip, 1) - 1
-                if left > 0:
-                    self.pending[ip] = left
-                else:
-                    self.pending.pop(ip, None)
+            self.pending.release(ip)
         if name is None:  # never acted on: not a peer, so its connection is nobody's loss either
             with self.lock:
                 self.refused += 1
