@@ -1014,7 +1014,8 @@ def test_the_wrapper_parts_stand_alone_and_wrapper_py_composes_them():
     assert set(graph) == {"cgroup", "link", "notify", "process", "pump", "record", "secretfiles", "health", "group"}
     assert graph.pop("group") == {"wrapper.process"}  # the group's pids, one reader of /proc/*/stat
     assert graph.pop("record") == {"engine.logobserver", "wrapper.cgroup", "wrapper.process"}
-    assert graph.pop("link") == {"fabric_key"}  # the deployment's key, shared with the staging peer server
+    # the deployment's key and the count of connections not proven yet, both shared with the staging peer server
+    assert graph.pop("link") == {"fabric_key", "admission"}
     assert graph.pop("health") == {"engine.gate"}  # the readiness gate's question and its judge, one copy
     assert all(imports == set() for imports in graph.values()), graph  # each part needs no other part
     # and the metrics file it writes at the end, the fabric key it checks and the phases it reads

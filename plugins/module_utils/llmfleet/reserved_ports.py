@@ -41,7 +41,7 @@ def parse_ranges(text: str) -> set[int]:
         part = part.strip()
         if not part:
             continue
-        lo, _, hi = part.partition("-")
+        lo, hi = part.partition("-")[::2]
         try:
             a, b = int(lo), int(hi or lo)
         except ValueError:
@@ -145,7 +145,7 @@ def tcp_sockets(tables: tuple[str, ...] = TCP_TABLES) -> list[dict]:
 
 
 def _addr(hexaddr: str) -> str:
-    ip, _, port = hexaddr.rpartition(":")
+    ip, port = hexaddr.rpartition(":")[::2]
     try:
         if len(ip) == 8:
             text = socket.inet_ntop(socket.AF_INET, bytes.fromhex(ip)[::-1])

@@ -233,8 +233,8 @@ class Replicas:
         """Keep this run's records only; why the engine records were all left out (None when one is kept)."""
         self.rollout = run.own(self.rollout)[0]
         own = [run.own(r) for r in self.engines]
-        self.engines = [r for r, _ in own]
-        return None if any(self.engines) else "; ".join(why for _, why in own if why) or None
+        self.engines = [kept for kept, _why in own]
+        return None if any(self.engines) else "; ".join(why for _kept, why in own if why) or None
 
     def engine(self) -> Record | None:
         """One engine record from the replicas' (an unreadable one is the engine section's error)."""
