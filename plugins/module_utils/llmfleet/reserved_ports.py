@@ -221,13 +221,13 @@ def converge(
     if text is None:
         raise PortsError(f"{sysctl} does not exist: this kernel cannot reserve local ports (Linux >= 2.6.35 can)")
     before = parse_ranges(text)
-    previous = ours_in_file(_read(file))
+    have_file = _read(file)
+    previous = ours_in_file(have_file)
     reserved = (before - (previous - ours)) | ours
     # What llmfleet added, and only that, is released when no claim holds it: a port the site had reserved itself
     # before a deployment claimed it stays reserved after.
     owned = (previous & ours) | (ours - before)
     want_file = file_text(reserved, owned) if ours else None
-    have_file = _read(file)
     file_changed = want_file != have_file
     changed = reserved != before or file_changed
     if changed and not check:
